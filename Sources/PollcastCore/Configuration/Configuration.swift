@@ -1,0 +1,198 @@
+/// The whole configuration tree. Every key is documented in `Configuration.settings` (which also drives the
+/// file keys, the `POLLCAST_*` variables and the flags) and in the README's reference table.
+///
+/// Precedence: defaults < `Config/pollcast.json` (or `--config FILE`) < environment < flags.
+public struct Configuration: Codable, Sendable, Equatable {
+  public struct Server: Codable, Sendable, Equatable {
+    public var listen = "127.0.0.1:8080"
+    public var maxHeaderBytes = 16 << 10
+    public var maxURLBytes = 12 << 10
+    public var maxBodyBytes = 64 << 10
+    public var timeoutSeconds = 60.0
+    public var backlog = 4096
+
+    enum CodingKeys: String, CodingKey {
+      case listen, backlog
+      case maxHeaderBytes = "max_header_bytes"
+      case maxURLBytes = "max_url_bytes"
+      case maxBodyBytes = "max_body_bytes"
+      case timeoutSeconds = "timeout_seconds"
+    }
+  }
+
+  public struct CORS: Codable, Sendable, Equatable {
+    public var allowedOrigins: [String] = []
+    public var allowCredentials = false
+    public var maxAgeSeconds = 600
+
+    enum CodingKeys: String, CodingKey {
+      case allowedOrigins = "allowed_origins"
+      case allowCredentials = "allow_credentials"
+      case maxAgeSeconds = "max_age_seconds"
+    }
+  }
+
+  public struct SSE: Codable, Sendable, Equatable {
+    public var heartbeatSeconds = 15.0
+    public var retryMilliseconds = 3000
+    public var maxPendingBytes = 1 << 20
+    public var replayChunkBytes = 256 << 10
+
+    enum CodingKeys: String, CodingKey {
+      case heartbeatSeconds = "heartbeat_seconds"
+      case retryMilliseconds = "retry_ms"
+      case maxPendingBytes = "max_pending_bytes"
+      case replayChunkBytes = "replay_chunk_bytes"
+    }
+  }
+
+  public struct Ring: Codable, Sendable, Equatable {
+    public var maxEvents = 10_000
+    public var maxBytes = 64 << 20
+    /// 0 keeps events regardless of age.
+    public var maxAgeSeconds = 0.0
+
+    enum CodingKeys: String, CodingKey {
+      case maxEvents = "max_events"
+      case maxBytes = "max_bytes"
+      case maxAgeSeconds = "max_age_seconds"
+    }
+  }
+
+  public struct Log: Codable, Sendable, Equatable {
+    public var level = "info"
+    public var format = "logfmt"
+  }
+
+  public struct Upstream: Codable, Sendable, Equatable {
+    public var url = ""
+    public var apiKey = ""
+
+    enum CodingKeys: String, CodingKey {
+      case url
+      case apiKey = "api_key"
+    }
+  }
+
+  public var server = Server()
+  public var cors = CORS()
+  public var sse = SSE()
+  public var ring = Ring()
+  public var log = Log()
+  public var upstream = Upstream()
+
+  public init() {}
+}
+
+extension Configuration {
+  /// The server settings this configuration describes (call after `validate()` passed).
+  public var serverSettings: ServerSettings {
+    let address = (try? ListenAddress.parse(server.listen)) ?? ListenAddress(host: "127.0.0.1", port: 8080)
+    return ServerSettings(
+      host: address.host, port: address.port, maxHeaderBytes: server.maxHeaderBytes, maxURLBytes: server.maxURLBytes,
+      maxBodyBytes: server.maxBodyBytes, timeout: server.timeoutSeconds, backlog: server.backlog,
+      cors: CORSPolicy(
+        allowedOrigins: cors.allowedOrigins, allowCredentials: cors.allowCredentials, maxAge: cors.maxAgeSeconds))
+  }
+
+  public var feedSettings: FeedSettings {
+    FeedSettings(
+      ring: .init(
+        maxEvents: ring.maxEvents, maxBytes: ring.maxBytes, maxAge: ring.maxAgeSeconds > 0 ? ring.maxAgeSeconds : nil),
+      maxPendingBytes: sse.maxPendingBytes, heartbeatInterval: sse.heartbeatSeconds,
+      retryMilliseconds: sse.retryMilliseconds, replayChunkBytes: sse.replayChunkBytes)
+  }
+
+  public var logger: Logger {
+    Logger(
+      label: "pollcast", level: Logger.Level(name: log.level) ?? .info,
+      format: Logger.Format(rawValue: log.format) ?? .logfmt)
+  }
+
+  /// Every problem with this configuration, at once; empty when it is usable.
+  public func problems() -> [String] {
+    var problems: [String] = []
+    do { _ = try ListenAddress.parse(server.listen) } catch { problems.append("server.listen: \(error)") }
+    func positive(_ value: Int, _ key: String) {
+      if value <= 0 { problems.append("\(key): must be greater than 0 (got \(value))") }
+    }
+    positive(server.maxHeaderBytes, "server.max_header_bytes")
+    positive(server.maxURLBytes, "server.max_url_bytes")
+    positive(server.maxBodyBytes, "server.max_body_bytes")
+    positive(server.backlog, "server.backlog")
+    positive(sse.maxPendingBytes, "sse.max_pending_bytes")
+    positive(sse.replayChunkBytes, "sse.replay_chunk_bytes")
+    positive(ring.maxEvents, "ring.max_events")
+    positive(ring.maxBytes, "ring.max_bytes")
+    if server.maxURLBytes > server.maxHeaderBytes {
+      problems.append(
+        "server.max_url_bytes: \(server.maxURLBytes) exceeds server.max_header_bytes (\(server.maxHeaderBytes)), "
+          + "which also bounds the request line")
+    }
+    if !(server.timeoutSeconds > 0) { problems.append("server.timeout_seconds: must be greater than 0") }
+    if !(sse.heartbeatSeconds > 0) {
+      problems.append("sse.heartbeat_seconds: must be greater than 0")
+    } else if sse.heartbeatSeconds >= server.timeoutSeconds {
+      problems.append(
+        "sse.heartbeat_seconds: \(sse.heartbeatSeconds) must be below server.timeout_seconds "
+          + "(\(server.timeoutSeconds)), or idle streams time out")
+    }
+    if sse.retryMilliseconds < 0 { problems.append("sse.retry_ms: must not be negative") }
+    if ring.maxAgeSeconds < 0 { problems.append("ring.max_age_seconds: must not be negative (0 disables)") }
+    if cors.maxAgeSeconds < 0 { problems.append("cors.max_age_seconds: must not be negative") }
+    for origin in cors.allowedOrigins where origin != "*" {
+      if !(origin.hasPrefix("http://") || origin.hasPrefix("https://")) || origin.hasSuffix("/") {
+        problems.append("cors.allowed_origins: \"\(origin)\" is not an origin like https://example.com")
+      }
+    }
+    if cors.allowCredentials && cors.allowedOrigins.contains("*") {
+      problems.append("cors.allow_credentials: cannot be true while cors.allowed_origins contains \"*\"")
+    }
+    if Logger.Level(name: log.level) == nil {
+      problems.append(
+        "log.level: \"\(log.level)\" is not one of \(Logger.Level.allCases.map(\.name).joined(separator: ", "))")
+    }
+    if Logger.Format(rawValue: log.format) == nil {
+      problems.append("log.format: \"\(log.format)\" is not logfmt or json")
+    }
+    if !upstream.url.isEmpty && !(upstream.url.hasPrefix("http://") || upstream.url.hasPrefix("https://")) {
+      problems.append("upstream.url: \"\(upstream.url)\" must start with http:// or https://")
+    }
+    return problems
+  }
+}
+
+/// `HOST:PORT` or `[IPv6]:PORT`.
+public struct ListenAddress: Equatable, Sendable {
+  public var host: String
+  public var port: Int
+
+  public static func parse(_ text: String) throws(ConfigurationError) -> ListenAddress {
+    let host: Substring
+    let portText: Substring
+    if text.hasPrefix("[") {
+      guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else {
+        throw ConfigurationError("\"\(text)\" is not [IPv6]:PORT")
+      }
+      host = text[text.index(after: text.startIndex)..<close]
+      portText = text[text.index(close, offsetBy: 2)...]
+    } else {
+      guard let colon = text.lastIndex(of: ":") else { throw ConfigurationError("\"\(text)\" is not HOST:PORT") }
+      host = text[..<colon]
+      portText = text[text.index(after: colon)...]
+    }
+    guard !host.isEmpty else { throw ConfigurationError("\"\(text)\" has no host") }
+    guard let port = Int(portText), (0...65535).contains(port) else {
+      throw ConfigurationError("\"\(text)\" has no valid port (0-65535; 0 picks a free one)")
+    }
+    return ListenAddress(host: String(host), port: port)
+  }
+}
+
+/// A configuration value or file is not usable.
+public struct ConfigurationError: Error, CustomStringConvertible, Sendable, Equatable {
+  public var problems: [String]
+  public init(_ problem: String) { problems = [problem] }
+  public init(problems: [String]) { self.problems = problems }
+  public var description: String { problems.joined(separator: "\n") }
+}

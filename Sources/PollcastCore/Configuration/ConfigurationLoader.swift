@@ -1,0 +1,77 @@
+import Foundation
+
+/// Builds a `Configuration` from defaults, a JSON file, `POLLCAST_*` variables and flag values, in that order of
+/// precedence, collecting every problem instead of stopping at the first.
+public struct ConfigurationLoader {
+  public init() {}
+
+  /// - Parameters:
+  ///   - fileText: the JSON file's contents, if a file is used.
+  ///   - fileName: for messages.
+  ///   - environment: the process environment (only `POLLCAST_*` keys are read).
+  ///   - overrides: setting key → text value from flags.
+  public func load(
+    fileText: String?, fileName: String = "config", environment: [String: String], overrides: [(String, String)]
+  ) throws(ConfigurationError) -> Configuration {
+    var config = Configuration()
+    var problems: [String] = []
+    if let fileText {
+      problems += applyFile(fileText, name: fileName, to: &config)
+    }
+    let byEnvironmentName = Dictionary(uniqueKeysWithValues: Configuration.settings.map { ($0.environmentName, $0) })
+    for (name, value) in environment.sorted(by: { $0.key < $1.key }) where name.hasPrefix("POLLCAST_") {
+      if Self.nonSettingVariables.contains(name) { continue }
+      guard let setting = byEnvironmentName[name] else {
+        problems.append("\(name): unknown POLLCAST_ variable")
+        continue
+      }
+      if let problem = setting.applyText(&config, value) { problems.append("\(name): \(problem)") }
+    }
+    let byKey = Dictionary(uniqueKeysWithValues: Configuration.settings.map { ($0.key, $0) })
+    for (key, value) in overrides {
+      guard let setting = byKey[key] else {
+        problems.append("\(key): unknown setting")
+        continue
+      }
+      if let problem = setting.applyText(&config, value) { problems.append("\(setting.flag): \(problem)") }
+    }
+    problems += config.problems()
+    if !problems.isEmpty { throw ConfigurationError(problems: problems) }
+    return config
+  }
+
+  /// Variables with the prefix that are not settings (read by the CLI itself).
+  static let nonSettingVariables: Set<String> = ["POLLCAST_CONFIG"]
+
+  private func applyFile(_ text: String, name: String, to config: inout Configuration) -> [String] {
+    let object: Any
+    do {
+      object = try JSONSerialization.jsonObject(with: Data(text.utf8), options: [])
+    } catch {
+      return ["\(name): not valid JSON (\(error.localizedDescription))"]
+    }
+    guard let root = object as? [String: Any] else { return ["\(name): the top level must be an object"] }
+    var problems: [String] = []
+    let byKey = Dictionary(uniqueKeysWithValues: Configuration.settings.map { ($0.key, $0) })
+    let sections = Set(Configuration.settings.map { String($0.key.split(separator: ".")[0]) })
+    for sectionName in root.keys.sorted() {
+      guard sections.contains(sectionName) else {
+        problems.append("\(name): unknown section \"\(sectionName)\"")
+        continue
+      }
+      guard let section = root[sectionName] as? [String: Any] else {
+        problems.append("\(name): \"\(sectionName)\" must be an object")
+        continue
+      }
+      for key in section.keys.sorted() {
+        let path = "\(sectionName).\(key)"
+        guard let setting = byKey[path] else {
+          problems.append("\(name): unknown key \"\(path)\"")
+          continue
+        }
+        if let problem = setting.applyJSON(&config, section[key]!) { problems.append("\(path): \(problem)") }
+      }
+    }
+    return problems
+  }
+}

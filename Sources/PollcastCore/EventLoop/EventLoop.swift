@@ -1,0 +1,150 @@
+import CLibevent
+import Foundation
+import Synchronization
+
+/// One libevent base driven by one dedicated thread, exposed to Swift as a `SerialExecutor`.
+///
+/// Every actor that owns relay state (`Feed`, `SSEServer`, the upstream worker) returns this loop as its
+/// `unownedExecutor`, so their code runs on the loop thread and the compiler checks the isolation. C callbacks
+/// arrive on the same thread and enter those actors with `assumeIsolated`.
+public final class EventLoop: SerialExecutor, @unchecked Sendable {
+  /// The libevent base. Touch it only on the loop thread (or before `start()`).
+  public let base: OpaquePointer
+  private let pending = Mutex<[UnownedJob]>([])
+  private var wakeEvent: OpaquePointer?
+  private let loopThreadID = Atomic<UInt>(0)
+  private let state = Mutex<State>(.idle)
+  private let finished = DispatchSemaphore(value: 0)
+
+  private enum State { case idle, running, stopping, stopped }
+
+  public init() throws(EventLoopError) {
+    _ = EventLoop.enableThreads
+    guard let base = event_base_new() else { throw EventLoopError(operation: "event_base_new") }
+    self.base = base
+    let context = Unmanaged.passUnretained(self).toOpaque()
+    // Released never: the wake event lives exactly as long as the loop and is freed in deinit.
+    guard let wake = event_new(base, -1, 0, eventLoopWakeCallback, context) else {
+      event_base_free(base)
+      throw EventLoopError(operation: "event_new(wake)")
+    }
+    wakeEvent = wake
+  }
+
+  deinit {
+    if let wakeEvent { event_free(wakeEvent) }
+    event_base_free(base)
+  }
+
+  /// `evthread_use_pthreads()` must run once before the first base is created.
+  private static let enableThreads: Void = {
+    _ = evthread_use_pthreads()
+    signal(SIGPIPE, SIG_IGN)
+  }()
+
+  /// Starts the loop thread. The loop keeps running with no events registered until `stop()`.
+  public func start() {
+    let shouldStart = state.withLock { state -> Bool in
+      guard state == .idle else { return false }
+      state = .running
+      return true
+    }
+    guard shouldStart else { return }
+    let thread = Thread { [self] in
+      loopThreadID.store(UInt(bitPattern: Int(bitPattern: pthread_self())), ordering: .releasing)
+      event_base_loop(base, EVLOOP_NO_EXIT_ON_EMPTY)
+      // Run whatever was enqueued before the loop broke so that no continuation is left hanging forever.
+      drainJobs()
+      loopThreadID.store(0, ordering: .releasing)
+      state.withLock { $0 = .stopped }
+      finished.signal()
+    }
+    thread.name = "pollcast-loop"
+    thread.stackSize = 8 << 20
+    thread.start()
+  }
+
+  /// Breaks the loop and waits for its thread to finish. Safe to call from any thread but the loop's own.
+  public func stop() {
+    let wasRunning = state.withLock { state -> Bool in
+      guard state == .running else { return false }
+      state = .stopping
+      return true
+    }
+    guard wasRunning else { return }
+    precondition(!inLoopThread, "EventLoop.stop() must not be called on the loop thread")
+    event_base_loopbreak(base)
+    finished.wait()
+  }
+
+  /// True when the calling thread is this loop's thread.
+  public var inLoopThread: Bool {
+    let id = loopThreadID.load(ordering: .acquiring)
+    return id != 0 && id == UInt(bitPattern: Int(bitPattern: pthread_self()))
+  }
+
+  // MARK: SerialExecutor
+
+  public func enqueue(_ job: consuming ExecutorJob) {
+    let unowned = UnownedJob(job)
+    pending.withLock { $0.append(unowned) }
+    // event_active is thread-safe once evthread_use_pthreads() ran; repeated activations coalesce.
+    event_active(wakeEvent, 0, 0)
+  }
+
+  public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
+    UnownedSerialExecutor(ordinary: self)
+  }
+
+  public func checkIsolated() {
+    precondition(inLoopThread, "expected to run on the pollcast event loop thread")
+  }
+
+  /// Runs `body` on the loop thread, asynchronously.
+  public func execute(_ body: @escaping @Sendable () -> Void) {
+    Task { await LoopRunner(loop: self).run(body) }
+  }
+
+  /// Runs `body` on the loop thread and returns its result.
+  public func submit<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async rethrows -> T {
+    try await LoopRunner(loop: self).run(body)
+  }
+
+  fileprivate func drainJobs() {
+    // Jobs enqueued while draining are run in the same pass; the batch is swapped out so that enqueue()
+    // from other threads never waits for a job to finish.
+    while true {
+      let batch = pending.withLock { jobs -> [UnownedJob] in
+        let taken = jobs
+        jobs.removeAll(keepingCapacity: true)
+        return taken
+      }
+      if batch.isEmpty { return }
+      let executor = asUnownedSerialExecutor()
+      for job in batch { job.runSynchronously(on: executor) }
+    }
+  }
+}
+
+/// A throwaway actor on the loop, used to run a closure there.
+private actor LoopRunner {
+  let loop: EventLoop
+  init(loop: EventLoop) { self.loop = loop }
+  nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+  func run<T: Sendable>(_ body: @Sendable () throws -> T) rethrows -> T { try body() }
+}
+
+private let eventLoopWakeCallback: @convention(c) (Int32, Int16, UnsafeMutableRawPointer?) -> Void = {
+  _, _, context in
+  guard let context else { return }
+  Unmanaged<EventLoop>.fromOpaque(context).takeUnretainedValue().drainJobs()
+}
+
+/// A libevent call failed.
+public struct EventLoopError: Error, CustomStringConvertible, Sendable {
+  public var operation: String
+  public var errno: Int32 = Glibc.errno
+  public var description: String {
+    "libevent \(operation) failed: \(String(cString: strerror(errno)))"
+  }
+}

@@ -1,0 +1,294 @@
+import Foundation
+
+/// The relay's event hub: assigns ids, keeps the replay ring, and fans every batch out to the subscribers.
+///
+/// Runs on the event loop (its executor), like the HTTP server that attaches subscribers to it, so a batch is
+/// appended and written to every subscriber in one turn of the loop: there is no window in which a subscriber
+/// could see a later event before an earlier one, or a replay could miss an event published meanwhile.
+public actor Feed {
+  public nonisolated let loop: EventLoop
+  public nonisolated let settings: FeedSettings
+  public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+  private var ids: EventIDAllocator
+  private var ring: ReplayRing
+  private var subscribers: [Subscriber] = []
+  private var nextSubscriberNumber = 1
+  private var stats = FeedStatistics()
+  /// The newest `upstream` status event (no id), sent to every subscriber when it goes live.
+  private var statusEvent: ByteSlice?
+  private var heartbeatTimer: LoopTimer?
+  private let heartbeatBytes = ByteSlice(SSEEncoder.comment("heartbeat"))
+  private let preamble: ByteSlice
+
+  public init(loop: EventLoop, settings: FeedSettings, ids: EventIDAllocator = EventIDAllocator()) {
+    self.loop = loop
+    self.settings = settings
+    self.ids = ids
+    self.ring = ReplayRing(limits: settings.ring, floorID: ids.head)
+    self.preamble = ByteSlice(
+      SSEEncoder.comment("pollcast \(PollcastVersion.current)")
+        + SSEEncoder.retry(milliseconds: settings.retryMilliseconds))
+  }
+
+  /// The id of the newest event (one below the first id while none was published).
+  public var headID: UInt64 { ids.head }
+
+  /// Starts the heartbeat and age-eviction timer.
+  public func start() {
+    guard heartbeatTimer == nil else { return }
+    let timer = LoopTimer(loop: loop, repeating: true) { [unowned self] in
+      self.assumeIsolated { $0.tick() }
+    }
+    timer.schedule(after: settings.heartbeatInterval)
+    heartbeatTimer = timer
+  }
+
+  public func statistics() -> FeedStatistics {
+    var snapshot = stats
+    snapshot.ringEvents = ring.count
+    snapshot.ringBytes = ring.byteCount
+    snapshot.ringEvicted = ring.evictedCount
+    snapshot.headID = ids.head
+    return snapshot
+  }
+
+  // MARK: Publishing
+
+  /// Assigns ids to `events`, encodes them once into one shared block, stores them in the ring and writes them
+  /// to every live subscriber. Returns the ids given, in order.
+  @discardableResult
+  public func publish(_ events: [FeedEvent]) -> [UInt64] {
+    guard !events.isEmpty else { return [] }
+    var bytes: [UInt8] = []
+    bytes.reserveCapacity(events.reduce(0) { $0 + $1.data.utf8.count + 64 })
+    var assigned: [UInt64] = []
+    assigned.reserveCapacity(events.count)
+    var bounds: [(offset: Int, count: Int)] = []
+    bounds.reserveCapacity(events.count)
+    for event in events {
+      let id = ids.next()
+      let offset = bytes.count
+      SSEEncoder.appendEvent(id: id, type: event.type, data: event.data, to: &bytes)
+      assigned.append(id)
+      bounds.append((offset, bytes.count - offset))
+    }
+    let block = SharedBytes(bytes)
+    let now = MonotonicClock.seconds()
+    var batch: [ReplayRing.Entry] = []
+    batch.reserveCapacity(events.count)
+    for (index, event) in events.enumerated() {
+      let entry = ReplayRing.Entry(
+        id: assigned[index], stream: event.stream,
+        slice: ByteSlice(block: block, offset: bounds[index].offset, count: bounds[index].count), time: now)
+      batch.append(entry)
+      ring.append(entry)
+      stats.eventsPublished += 1
+      if let stream = event.stream { stats.eventsPublishedByStream[stream, default: 0] += 1 }
+    }
+    ring.evictExpired(now: now)
+    fanOut(batch, whole: ByteSlice(block: block, offset: 0, count: block.count))
+    return assigned
+  }
+
+  /// Broadcasts an `upstream` status event (no id; not replayed) and remembers it for new subscribers.
+  public func publishStatus(_ data: String) {
+    let slice = ByteSlice(SSEEncoder.event(id: nil, type: "upstream", data: data))
+    statusEvent = slice
+    for subscriber in subscribers where subscriber.mode == .live && !subscriber.isClosed {
+      send([slice], to: subscriber)
+    }
+  }
+
+  /// Removes a detached stream's events from the ring so that they are never replayed.
+  @discardableResult
+  public func forgetStream(_ stream: String) -> Int {
+    ring.removeAll(stream: stream)
+  }
+
+  private func fanOut(_ batch: [ReplayRing.Entry], whole: ByteSlice) {
+    guard let last = batch.last?.id else { return }
+    var filtered: [ByteSlice] = []
+    for subscriber in subscribers where subscriber.mode == .live && !subscriber.isClosed {
+      if subscriber.streams == nil {
+        send([whole], to: subscriber)
+      } else {
+        filtered.removeAll(keepingCapacity: true)
+        for entry in batch where subscriber.wants(entry.stream) {
+          Feed.appendMerging(entry.slice, to: &filtered)
+        }
+        if !filtered.isEmpty { send(filtered, to: subscriber) }
+      }
+      if !subscriber.isClosed { subscriber.cursor = last }
+    }
+  }
+
+  static func appendMerging(_ slice: ByteSlice, to slices: inout [ByteSlice]) {
+    if let previous = slices.last, previous.isFollowed(by: slice) {
+      slices[slices.count - 1] = ByteSlice(
+        block: previous.block, offset: previous.offset, count: previous.count + slice.count)
+    } else {
+      slices.append(slice)
+    }
+  }
+
+  /// Queues `slices` for a live subscriber, or disconnects it when its backlog would pass the bound.
+  private func send(_ slices: [ByteSlice], to subscriber: Subscriber) {
+    let size = slices.reduce(0) { $0 + $1.count }
+    if subscriber.sink.pendingBytes + size > settings.maxPendingBytes {
+      disconnectSlow(subscriber)
+      return
+    }
+    stats.bytesQueued += size
+    subscriber.sink.write(slices)
+  }
+
+  private func disconnectSlow(_ subscriber: Subscriber) {
+    stats.slowConsumerDisconnects += 1
+    remove(subscriber)
+    subscriber.sink.abort()
+  }
+
+  // MARK: Subscribers
+
+  /// Attaches a new client: writes the preamble, then a reset notice or the replay, then live events.
+  ///
+  /// - Parameters:
+  ///   - requestedID: the raw `Last-Event-ID` (or query parameter) value, if any.
+  ///   - streams: the streams asked for with `?stream=`; nil for all.
+  public func attach(sink: SubscriberSink, requestedID: String?, streams: Set<String>?) -> Subscriber {
+    let decision = ResumeDecision.decide(requested: requestedID, floorID: ring.floorID, headID: ids.head)
+    let subscriber = Subscriber(
+      number: nextSubscriberNumber, streams: streams, sink: sink, cursor: ids.head, mode: .live)
+    nextSubscriberNumber += 1
+    subscriber.registryIndex = subscribers.count
+    subscribers.append(subscriber)
+    stats.subscribersConnected += 1
+    stats.subscribersTotal += 1
+
+    var opening = [preamble]
+    switch decision {
+    case .live:
+      break
+    case .reset(let reason, let requested):
+      stats.resetsByReason[reason.rawValue, default: 0] += 1
+      opening.append(ByteSlice(resetEvent(reason: reason, requested: requested)))
+    case .replay(let after):
+      stats.resumes += 1
+      subscriber.cursor = after
+      subscriber.mode = .replaying
+    }
+    if subscriber.mode == .live, let statusEvent { opening.append(statusEvent) }
+    stats.bytesQueued += opening.reduce(0) { $0 + $1.count }
+    subscriber.sink.write(opening)
+    if subscriber.mode == .replaying { pump(subscriber) }
+    return subscriber
+  }
+
+  /// The client went away (or the server ended it): forget it. Safe to call more than once.
+  public func detach(_ subscriber: Subscriber) {
+    remove(subscriber)
+  }
+
+  private func remove(_ subscriber: Subscriber) {
+    guard !subscriber.isClosed else { return }
+    subscriber.isClosed = true
+    let index = subscriber.registryIndex
+    let lastIndex = subscribers.count - 1
+    if index != lastIndex {
+      let moved = subscribers[lastIndex]
+      subscribers[index] = moved
+      moved.registryIndex = index
+    }
+    subscribers.removeLast()
+    subscriber.registryIndex = -1
+    stats.subscribersConnected -= 1
+  }
+
+  /// Queues the next part of a catching-up subscriber's replay; when it reaches the head it goes live.
+  private func pump(_ subscriber: Subscriber) {
+    guard subscriber.mode == .replaying, !subscriber.isClosed else { return }
+    if subscriber.cursor < ring.floorID {
+      // The ring evicted events this client had not been sent yet: it cannot keep up.
+      disconnectSlow(subscriber)
+      return
+    }
+    var position = ring.position(after: subscriber.cursor)
+    var slices: [ByteSlice] = []
+    var size = 0
+    var replayed = 0
+    while position < ring.endIndex && size < settings.replayChunkBytes {
+      let entry = ring[position]
+      if subscriber.wants(entry.stream) {
+        Feed.appendMerging(entry.slice, to: &slices)
+        size += entry.slice.count
+        replayed += 1
+      }
+      subscriber.cursor = entry.id
+      position += 1
+    }
+    if position >= ring.endIndex {
+      subscriber.cursor = ids.head
+      subscriber.mode = .live
+      if let statusEvent { slices.append(statusEvent) }
+    }
+    stats.replayedEvents += replayed
+    stats.bytesQueued += size
+    if subscriber.mode == .live {
+      if !slices.isEmpty { subscriber.sink.write(slices) }
+      return
+    }
+    subscriber.sink.write(slices) { [unowned self] in
+      self.assumeIsolated { $0.pump(subscriber) }
+    }
+  }
+
+  private func resetEvent(reason: ResetReason, requested: String) -> [UInt8] {
+    let shown =
+      requested.utf8.count > 128 ? String(decoding: requested.utf8.prefix(128), as: UTF8.self) + "…" : requested
+    let data = JSONText.object([
+      "reason": JSONText.quoted(reason.rawValue),
+      "requested": JSONText.quoted(shown),
+      "oldest": JSONText.quoted(String(ring.oldestID ?? ids.head &+ 1)),
+      "latest": JSONText.quoted(String(ids.head)),
+    ])
+    return SSEEncoder.event(id: ids.head, type: "reset", data: data)
+  }
+
+  // MARK: Timers and shutdown
+
+  private func tick() {
+    ring.evictExpired(now: MonotonicClock.seconds())
+    for subscriber in subscribers where subscriber.mode == .live && !subscriber.isClosed {
+      send([heartbeatBytes], to: subscriber)
+    }
+  }
+
+  /// Sends `comment` to every subscriber and ends every stream cleanly. Returns how many were ended.
+  @discardableResult
+  public func finishAll(comment: String) -> Int {
+    heartbeatTimer?.cancel()
+    heartbeatTimer = nil
+    let last = ByteSlice(SSEEncoder.comment(comment))
+    let all = subscribers
+    for subscriber in all {
+      remove(subscriber)
+      subscriber.sink.write([last])
+      subscriber.sink.finish()
+    }
+    return all.count
+  }
+}
+
+/// Monotonic time in seconds.
+public enum MonotonicClock {
+  public static func seconds() -> Double {
+    var spec = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &spec)
+    return Double(spec.tv_sec) + Double(spec.tv_nsec) / 1e9
+  }
+}
+
+public enum PollcastVersion {
+  public static let current = "0.1.0"
+}

@@ -1,0 +1,59 @@
+/// An event handed to the feed for relaying. The feed assigns its id and encodes it once.
+public struct FeedEvent: Sendable, Equatable {
+  /// The SSE event type: `message`, `stream-attached`, `stream-detached`.
+  public var type: String
+  /// The upstream stream it belongs to; `?stream=` filters on it. Nil: every subscriber receives it.
+  public var stream: String?
+  /// The `data:` payload (JSON text for the relay's own events).
+  public var data: String
+
+  public init(type: String = "message", stream: String?, data: String) {
+    self.type = type
+    self.stream = stream
+    self.data = data
+  }
+}
+
+/// Tunables of the feed, from configuration.
+public struct FeedSettings: Sendable, Equatable {
+  public var ring: ReplayRing.Limits
+  /// A subscriber whose unsent bytes would pass this is disconnected (it resumes with `Last-Event-ID`).
+  public var maxPendingBytes: Int
+  /// Seconds between heartbeat comments.
+  public var heartbeatInterval: Double
+  /// The `retry:` value sent to each new subscriber, in milliseconds.
+  public var retryMilliseconds: Int
+  /// How many bytes of replay are queued for a catching-up subscriber before waiting for its socket to drain.
+  public var replayChunkBytes: Int
+
+  public init(
+    ring: ReplayRing.Limits = .init(maxEvents: 10_000, maxBytes: 64 << 20, maxAge: nil),
+    maxPendingBytes: Int = 1 << 20,
+    heartbeatInterval: Double = 15,
+    retryMilliseconds: Int = 3000,
+    replayChunkBytes: Int = 256 << 10
+  ) {
+    self.ring = ring
+    self.maxPendingBytes = maxPendingBytes
+    self.heartbeatInterval = heartbeatInterval
+    self.retryMilliseconds = retryMilliseconds
+    self.replayChunkBytes = replayChunkBytes
+  }
+}
+
+/// Counters the feed keeps; read them through `Feed.statistics()`.
+public struct FeedStatistics: Sendable, Equatable {
+  public var subscribersConnected = 0
+  public var subscribersTotal = 0
+  public var eventsPublished = 0
+  public var eventsPublishedByStream: [String: Int] = [:]
+  public var replayedEvents = 0
+  public var resumes = 0
+  public var resetsByReason: [String: Int] = [:]
+  public var slowConsumerDisconnects = 0
+  public var bytesQueued = 0
+  public var ringEvents = 0
+  public var ringBytes = 0
+  public var ringEvicted = 0
+  public var headID: UInt64 = 0
+}

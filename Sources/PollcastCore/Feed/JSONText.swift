@@ -1,0 +1,36 @@
+/// Minimal JSON text building for the relay's own small payloads (reset notices, status), so that the hot path
+/// needs no `JSONSerialization` round trip. Upstream messages are never re-encoded: they are embedded verbatim.
+public enum JSONText {
+  /// `"…"` with every character JSON requires escaped.
+  public static func quoted(_ text: String) -> String {
+    var out = "\""
+    out.reserveCapacity(text.utf8.count + 2)
+    for scalar in text.unicodeScalars {
+      switch scalar {
+      case "\"": out += "\\\""
+      case "\\": out += "\\\\"
+      case "\n": out += "\\n"
+      case "\r": out += "\\r"
+      case "\t": out += "\\t"
+      case let s where s.value < 0x20 || s.value == 0x2028 || s.value == 0x2029:
+        let hex = String(s.value, radix: 16)
+        out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+      default: out.unicodeScalars.append(scalar)
+      }
+    }
+    out += "\""
+    return out
+  }
+
+  /// An object from ordered key/value pairs whose values are already JSON text.
+  public static func object(_ pairs: KeyValuePairs<String, String>) -> String {
+    var out = "{"
+    var first = true
+    for (key, value) in pairs {
+      if !first { out += "," }
+      first = false
+      out += quoted(key) + ":" + value
+    }
+    return out + "}"
+  }
+}

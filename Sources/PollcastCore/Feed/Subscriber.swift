@@ -1,0 +1,49 @@
+/// Where a subscriber's bytes go: the HTTP layer implements it over an evhttp streaming reply; tests can
+/// implement it in memory. Called on the loop thread only.
+public protocol SubscriberSink: AnyObject, Sendable {
+  /// Bytes queued for this client and not yet taken by the kernel.
+  var pendingBytes: Int { get }
+  /// Queues the slices, in order, without copying them.
+  func write(_ slices: [ByteSlice])
+  /// Queues the slices and calls `drained` once everything queued so far has been written to the socket.
+  func write(_ slices: [ByteSlice], whenDrained drained: @escaping () -> Void)
+  /// Ends the stream cleanly after what is queued (shutdown, maximum connection age).
+  func finish()
+  /// Drops the connection at once, discarding what is queued (slow consumer).
+  func abort()
+}
+
+/// One connected SSE client as the feed sees it. Confined to the loop thread (created, read and changed only
+/// by the `Feed` and the `SSEServer`, which run there); `@unchecked Sendable` so it can leave `assumeIsolated`.
+public final class Subscriber: @unchecked Sendable {
+  public enum Mode {
+    /// Catching up from the replay ring; live fan-out skips it until it reaches the head.
+    case replaying
+    case live
+  }
+
+  public let number: Int
+  /// Streams this client asked for; nil means all.
+  public let streams: Set<String>?
+  let sink: SubscriberSink
+  /// The id of the newest event queued for this client (or skipped by its filter).
+  public internal(set) var cursor: UInt64
+  public internal(set) var mode: Mode
+  public internal(set) var isClosed = false
+  var registryIndex = -1
+
+  init(number: Int, streams: Set<String>?, sink: SubscriberSink, cursor: UInt64, mode: Mode) {
+    self.number = number
+    self.streams = streams
+    self.sink = sink
+    self.cursor = cursor
+    self.mode = mode
+  }
+
+  /// Whether an event of `stream` goes to this client (events of no stream go to everyone).
+  @inline(__always)
+  func wants(_ stream: String?) -> Bool {
+    guard let streams, let stream else { return true }
+    return streams.contains(stream)
+  }
+}

@@ -1,0 +1,120 @@
+import CLibevent
+import Foundation
+
+/// A read-only view of an incoming evhttp request. Valid only during the request callback, on the loop thread.
+struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used on the loop thread only
+  let raw: OpaquePointer
+
+  enum Method: String {
+    case get = "GET"
+    case head = "HEAD"
+    case post = "POST"
+    case put = "PUT"
+    case delete = "DELETE"
+    case options = "OPTIONS"
+    case trace = "TRACE"
+    case connect = "CONNECT"
+    case patch = "PATCH"
+    case other = "OTHER"
+  }
+
+  var method: Method {
+    switch evhttp_request_get_command(raw) {
+    case EVHTTP_REQ_GET: .get
+    case EVHTTP_REQ_HEAD: .head
+    case EVHTTP_REQ_POST: .post
+    case EVHTTP_REQ_PUT: .put
+    case EVHTTP_REQ_DELETE: .delete
+    case EVHTTP_REQ_OPTIONS: .options
+    case EVHTTP_REQ_TRACE: .trace
+    case EVHTTP_REQ_CONNECT: .connect
+    case EVHTTP_REQ_PATCH: .patch
+    default: .other
+    }
+  }
+
+  /// The request target as sent (path and query, still percent-encoded).
+  var uri: String {
+    guard let uri = evhttp_request_get_uri(raw) else { return "" }
+    return String(cString: uri)
+  }
+
+  var uriLength: Int {
+    guard let uri = evhttp_request_get_uri(raw) else { return 0 }
+    return strlen(uri)
+  }
+
+  /// The decoded path, or nil when the target does not parse.
+  var path: String? {
+    guard let parsed = evhttp_request_get_evhttp_uri(raw), let path = evhttp_uri_get_path(parsed) else { return nil }
+    guard let decoded = evhttp_uridecode(path, 0, nil) else { return nil }
+    defer { free(decoded) }
+    return String(cString: decoded)
+  }
+
+  /// Query parameters in order, decoded; nil when the query string is malformed.
+  var queryItems: [(String, String)]? {
+    guard let parsed = evhttp_request_get_evhttp_uri(raw) else { return nil }
+    guard let query = evhttp_uri_get_query(parsed) else { return [] }
+    var list = evkeyvalq()
+    guard evhttp_parse_query_str(query, &list) == 0 else {
+      evhttp_clear_headers(&list)
+      return nil
+    }
+    defer { evhttp_clear_headers(&list) }
+    var items: [(String, String)] = []
+    var entry = pollcast_evkeyvalq_first(&list)
+    while let current = entry {
+      items.append((String(cString: current.pointee.key), String(cString: current.pointee.value)))
+      entry = pollcast_evkeyval_next(current)
+    }
+    return items
+  }
+
+  func header(_ name: String) -> String? {
+    guard let headers = evhttp_request_get_input_headers(raw), let value = evhttp_find_header(headers, name) else {
+      return nil
+    }
+    return String(cString: value)
+  }
+
+  var connection: OpaquePointer? { evhttp_request_get_connection(raw) }
+
+  /// The peer's address as `host:port`, for logs.
+  var peer: String {
+    guard let connection else { return "?" }
+    var address: UnsafeMutablePointer<CChar>?
+    var port: UInt16 = 0
+    evhttp_connection_get_peer(connection, &address, &port)
+    guard let address else { return "?" }
+    return "\(String(cString: address)):\(port)"
+  }
+
+  // MARK: Responses
+
+  func addHeader(_ name: String, _ value: String) {
+    evhttp_add_header(evhttp_request_get_output_headers(raw), name, value)
+  }
+
+  /// Sends a complete response.
+  func respond(
+    status: Int32, reason: String, contentType: String? = nil, body: String = "", headers: [(String, String)] = []
+  ) {
+    if let contentType { addHeader("Content-Type", contentType) }
+    for (name, value) in headers { addHeader(name, value) }
+    let buffer = evbuffer_new()
+    defer { evbuffer_free(buffer) }
+    if !body.isEmpty {
+      var text = body
+      text.withUTF8 { bytes in _ = evbuffer_add(buffer, bytes.baseAddress, bytes.count) }
+    }
+    evhttp_send_reply(raw, status, reason, buffer)
+  }
+
+  /// A plain-text error with a reason a person can read.
+  func respondError(status: Int32, reason: String, message: String, headers: [(String, String)] = []) {
+    respond(
+      status: status, reason: reason, contentType: "text/plain; charset=utf-8", body: message + "\n",
+      headers: headers)
+  }
+}

@@ -1,0 +1,119 @@
+import CLibevent
+
+/// One streaming `text/event-stream` reply over evhttp: the HTTP side of a `Subscriber`.
+///
+/// Lifetime: the object is retained by evhttp's close callback (`passRetained` in `begin`, released in
+/// `sseConnectionClosed`). Once the connection closes, `request` and `connection` are gone and never touched
+/// again; every method checks `isOpen` first.
+final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread only
+  private var request: OpaquePointer?
+  private var connection: OpaquePointer?
+  private let scratch: EventBuffer
+  private var drained: (() -> Void)?
+  /// Called once when the client disconnects or the connection is dropped.
+  var onClose: (() -> Void)?
+  private(set) var isOpen = true
+
+  /// - Parameter scratch: an empty evbuffer, shared by all connections of one server (loop thread only), in
+  ///   which references are assembled before evhttp moves them into the connection's output.
+  init(request: OpaquePointer, connection: OpaquePointer, scratch: EventBuffer) {
+    self.request = request
+    self.connection = connection
+    self.scratch = scratch
+  }
+
+  /// Starts the chunked reply (headers are already on the request) and watches for the client going away.
+  func begin() {
+    guard let request, let connection else { return }
+    // Released in sseConnectionClosed, which evhttp calls exactly once when this connection goes away.
+    evhttp_connection_set_closecb(connection, sseConnectionClosed, Unmanaged.passRetained(self).toOpaque())
+    evhttp_send_reply_start(request, 200, "OK")
+  }
+
+  var pendingBytes: Int {
+    guard isOpen, let connection, let bev = evhttp_connection_get_bufferevent(connection) else { return 0 }
+    return evbuffer_get_length(bufferevent_get_output(bev))
+  }
+
+  func write(_ slices: [ByteSlice]) {
+    guard isOpen, let request else { return }
+    stage(slices)
+    evhttp_send_reply_chunk(request, scratch.raw)
+  }
+
+  func write(_ slices: [ByteSlice], whenDrained drained: @escaping () -> Void) {
+    guard isOpen, let request else { return }
+    stage(slices)
+    self.drained = drained
+    // The callback gets `self` unretained: evhttp calls it only while the connection, and so the retain held
+    // by the close callback, is alive.
+    evhttp_send_reply_chunk_with_cb(
+      request, scratch.raw, sseConnectionDrained, Unmanaged.passUnretained(self).toOpaque())
+  }
+
+  private func stage(_ slices: [ByteSlice]) {
+    for slice in slices where slice.count > 0 {
+      // One retain per reference; sharedBytesReleased gives it back when libevent frees that chain.
+      let owner = Unmanaged.passRetained(slice.block).toOpaque()
+      evbuffer_add_reference(scratch.raw, slice.block.base + slice.offset, slice.count, sharedBytesReleased, owner)
+    }
+  }
+
+  func finish() {
+    guard isOpen, let request else { return }
+    drained = nil
+    evhttp_send_reply_end(request)
+    // evhttp frees the request once the last chunk is written; from here on only the close callback remains.
+    self.request = nil
+  }
+
+  func abort() {
+    guard isOpen, let connection else { return }
+    drained = nil
+    // evhttp_connection_free calls the close callback (sseConnectionClosed) before it returns.
+    evhttp_connection_free(connection)
+  }
+
+  fileprivate func closed() {
+    isOpen = false
+    request = nil
+    connection = nil
+    drained = nil
+    let handler = onClose
+    onClose = nil
+    handler?()
+  }
+
+  fileprivate func didDrain() {
+    let handler = drained
+    drained = nil
+    handler?()
+  }
+}
+
+private let sseConnectionClosed: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = {
+  _, context in
+  guard let context else { return }
+  // Balances the passRetained in SSEConnection.begin.
+  Unmanaged<SSEConnection>.fromOpaque(context).takeRetainedValue().closed()
+}
+
+private let sseConnectionDrained: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = {
+  _, context in
+  guard let context else { return }
+  Unmanaged<SSEConnection>.fromOpaque(context).takeUnretainedValue().didDrain()
+}
+
+/// Gives back the retain a reference chain held on its `SharedBytes` block.
+let sharedBytesReleased: @convention(c) (UnsafeRawPointer?, Int, UnsafeMutableRawPointer?) -> Void = {
+  _, _, owner in
+  guard let owner else { return }
+  Unmanaged<SharedBytes>.fromOpaque(owner).release()
+}
+
+/// An owned evbuffer, freed with its owner.
+final class EventBuffer: @unchecked Sendable {  // loop thread only
+  let raw: OpaquePointer
+  init() { raw = evbuffer_new()! }
+  deinit { evbuffer_free(raw) }
+}

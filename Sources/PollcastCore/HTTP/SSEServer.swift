@@ -1,0 +1,233 @@
+import CLibevent
+import Foundation
+
+/// The downstream HTTP server on evhttp: `/events` (SSE), health, metrics.
+///
+/// Runs on the event loop; evhttp's callbacks enter it with `assumeIsolated`.
+public actor SSEServer {
+  public nonisolated let loop: EventLoop
+  public nonisolated let feed: Feed
+  public nonisolated let settings: ServerSettings
+  public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+  private var http: OpaquePointer?
+  private var boundSocket: OpaquePointer?
+  private var listener: ListeningSocket?
+  private let scratch = EventBuffer()
+  private var openStreams = 0
+  private let logger: Logger
+  /// Extra routes (`/metrics`, `/readyz`, …) served by other components: path → handler.
+  private var routes: [String: Route] = [:]
+
+  /// A handler for a plain (non-streaming) endpoint: returns status, content type and body.
+  public struct Route: Sendable {
+    public var methods: Set<String>
+    public var handler: @Sendable () -> (status: Int32, contentType: String, body: String)
+    public init(methods: Set<String> = ["GET", "HEAD"], handler: @escaping @Sendable () -> (Int32, String, String)) {
+      self.methods = methods
+      self.handler = {
+        let r = handler()
+        return (r.0, r.1, r.2)
+      }
+    }
+  }
+
+  public init(loop: EventLoop, feed: Feed, settings: ServerSettings, logger: Logger) {
+    self.loop = loop
+    self.feed = feed
+    self.settings = settings
+    self.logger = logger
+  }
+
+  public func addRoute(_ path: String, _ route: Route) {
+    routes[path] = route
+  }
+
+  /// Binds and starts accepting. Returns the bound address (`host:port`, with the real port when 0 was asked).
+  public func start() throws(ServerError) -> String {
+    let socket = try ListeningSocket.bind(host: settings.host, port: settings.port, backlog: settings.backlog)
+    guard let http = evhttp_new(loop.base) else {
+      close(socket.fd)
+      throw ServerError.libevent("evhttp_new")
+    }
+    evhttp_set_max_headers_size(http, settings.maxHeaderBytes)
+    evhttp_set_max_body_size(http, settings.maxBodyBytes)
+    var timeout = timeval(seconds: settings.timeout)
+    evhttp_set_timeout_tv(http, &timeout)
+    // Every method reaches our handler, which answers 405 itself (evhttp would answer 501).
+    let everyMethod =
+      EVHTTP_REQ_GET.rawValue | EVHTTP_REQ_POST.rawValue | EVHTTP_REQ_HEAD.rawValue | EVHTTP_REQ_PUT.rawValue
+      | EVHTTP_REQ_DELETE.rawValue | EVHTTP_REQ_OPTIONS.rawValue | EVHTTP_REQ_TRACE.rawValue
+      | EVHTTP_REQ_CONNECT.rawValue | EVHTTP_REQ_PATCH.rawValue
+    evhttp_set_allowed_methods(http, UInt16(everyMethod))
+    // Unretained: the server frees evhttp (and so this callback) in shutdown, before it can go away.
+    evhttp_set_gencb(http, sseServerRequest, Unmanaged.passUnretained(self).toOpaque())
+    guard let bound = evhttp_accept_socket_with_handle(http, socket.fd) else {
+      evhttp_free(http)
+      close(socket.fd)
+      throw ServerError.libevent("evhttp_accept_socket_with_handle")
+    }
+    self.http = http
+    self.boundSocket = bound
+    self.listener = socket
+    return socket.address
+  }
+
+  /// Streams currently open.
+  public var openStreamCount: Int { openStreams }
+
+  /// Stops accepting, ends every stream with a last comment, waits for them to flush (up to `deadline`
+  /// seconds), then frees the server.
+  public func shutdown(deadline: Double = 5) async {
+    guard let http else { return }
+    if let boundSocket {
+      evhttp_del_accept_socket(http, boundSocket)  // also closes the listening fd
+      self.boundSocket = nil
+    }
+    let ended = await feed.finishAll(comment: "pollcast shutting down")
+    logger.info("ending streams", metadata: ["streams": "\(ended)"])
+    let until = MonotonicClock.seconds() + deadline
+    while openStreams > 0 && MonotonicClock.seconds() < until {
+      try? await Task.sleep(for: .milliseconds(20))
+    }
+    if openStreams > 0 {
+      logger.warning("streams still open at the shutdown deadline", metadata: ["streams": "\(openStreams)"])
+    }
+    evhttp_free(http)
+    self.http = nil
+  }
+
+  // MARK: Requests
+
+  fileprivate func handle(_ request: HTTPRequest) {
+    if request.uriLength > settings.maxURLBytes {
+      request.respondError(
+        status: 414, reason: "URI Too Long", message: "request target longer than \(settings.maxURLBytes) bytes")
+      return
+    }
+    guard let path = request.path else {
+      request.respondError(status: 400, reason: "Bad Request", message: "malformed request target")
+      return
+    }
+    let origin = request.header("Origin")
+    let cors = settings.cors.responseHeaders(origin: origin)
+    if path == "/events" {
+      switch request.method {
+      case .get, .head: handleEvents(request, cors: cors)
+      case .options: handlePreflight(request, origin: origin)
+      default: methodNotAllowed(request, allow: "GET, HEAD, OPTIONS", cors: cors)
+      }
+      return
+    }
+    if let route = routes[path] {
+      if request.method == .options {
+        handlePreflight(request, origin: origin)
+        return
+      }
+      guard route.methods.contains(request.method.rawValue) else {
+        methodNotAllowed(request, allow: (route.methods.sorted() + ["OPTIONS"]).joined(separator: ", "), cors: cors)
+        return
+      }
+      let answer = route.handler()
+      request.respond(
+        status: answer.status, reason: reasonPhrase(answer.status), contentType: answer.contentType,
+        body: request.method == .head ? "" : answer.body, headers: cors + [("Cache-Control", "no-store")])
+      return
+    }
+    request.respondError(status: 404, reason: "Not Found", message: "no such path: \(path)", headers: cors)
+  }
+
+  private func methodNotAllowed(_ request: HTTPRequest, allow: String, cors: [(String, String)]) {
+    request.respondError(
+      status: 405, reason: "Method Not Allowed", message: "method \(request.method.rawValue) not allowed here",
+      headers: cors + [("Allow", allow)])
+  }
+
+  private func handlePreflight(_ request: HTTPRequest, origin: String?) {
+    guard let origin else {
+      request.respond(status: 204, reason: "No Content", headers: [("Allow", "GET, HEAD, OPTIONS")])
+      return
+    }
+    switch settings.cors.preflight(
+      origin: origin, requestMethod: request.header("Access-Control-Request-Method"),
+      requestHeaders: request.header("Access-Control-Request-Headers"))
+    {
+    case .allowed(let headers):
+      request.respond(status: 204, reason: "No Content", headers: headers.map { ($0.name, $0.value) })
+    case .refused(let why):
+      request.respondError(status: 403, reason: "Forbidden", message: "CORS preflight refused: \(why)")
+    }
+  }
+
+  private func handleEvents(_ request: HTTPRequest, cors: [(String, String)]) {
+    guard let query = request.queryItems else {
+      request.respondError(status: 400, reason: "Bad Request", message: "malformed query string", headers: cors)
+      return
+    }
+    var streams: Set<String>?
+    var queryLastID: String?
+    for (name, value) in query {
+      switch name {
+      case "stream":
+        guard !value.isEmpty else {
+          request.respondError(
+            status: 400, reason: "Bad Request", message: "stream= must name a stream", headers: cors)
+          return
+        }
+        streams = (streams ?? []).union([value])
+      case "lastEventId", "last_event_id", "last-event-id":
+        if queryLastID == nil { queryLastID = value }
+      default:
+        break
+      }
+    }
+    let requestedID = request.header("Last-Event-ID") ?? queryLastID
+    let head = feed.assumeIsolated { $0.headID }
+    request.addHeader("Content-Type", "text/event-stream; charset=utf-8")
+    request.addHeader("Cache-Control", "no-cache, no-store, no-transform")
+    request.addHeader("X-Accel-Buffering", "no")
+    request.addHeader("X-Pollcast-Head-Id", String(head))
+    for (name, value) in cors { request.addHeader(name, value) }
+    if request.method == .head {
+      evhttp_send_reply(request.raw, 200, "OK", nil)
+      return
+    }
+    // Streams end only when the server ends them; closing lets evhttp free the connection with the reply.
+    request.addHeader("Connection", "close")
+    guard let connection = request.connection else {
+      request.respondError(status: 500, reason: "Internal Server Error", message: "no connection")
+      return
+    }
+    let sink = SSEConnection(request: request.raw, connection: connection, scratch: scratch)
+    sink.begin()
+    openStreams += 1
+    let subscriber = feed.assumeIsolated { feed in
+      feed.attach(sink: sink, requestedID: requestedID, streams: streams)
+    }
+    sink.onClose = { [unowned self] in
+      self.assumeIsolated { server in
+        server.openStreams -= 1
+        server.feed.assumeIsolated { $0.detach(subscriber) }
+      }
+    }
+  }
+}
+
+private func reasonPhrase(_ status: Int32) -> String {
+  switch status {
+  case 200: "OK"
+  case 204: "No Content"
+  case 400: "Bad Request"
+  case 404: "Not Found"
+  case 503: "Service Unavailable"
+  default: "Status"
+  }
+}
+
+private let sseServerRequest: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = {
+  request, context in
+  guard let request, let context else { return }
+  let server = Unmanaged<SSEServer>.fromOpaque(context).takeUnretainedValue()
+  let wrapped = HTTPRequest(raw: request)
+  server.assumeIsolated { $0.handle(wrapped) }
+}

@@ -1,0 +1,32 @@
+/// Settings of the downstream HTTP server, from configuration.
+public struct ServerSettings: Sendable, Equatable {
+  public var host: String
+  /// 0 picks a free port.
+  public var port: Int
+  /// Largest request line plus headers evhttp accepts (larger: 400/413 from evhttp).
+  public var maxHeaderBytes: Int
+  /// Longest request target accepted (longer: 414).
+  public var maxURLBytes: Int
+  /// Largest request body accepted.
+  public var maxBodyBytes: Int
+  /// evhttp's read/write timeout for connections, in seconds. Streams stay open past it because heartbeats are
+  /// sent more often (validation enforces heartbeat < timeout).
+  public var timeout: Double
+  /// listen(2) backlog.
+  public var backlog: Int
+  public var cors: CORSPolicy
+
+  public init(
+    host: String = "127.0.0.1", port: Int = 8080, maxHeaderBytes: Int = 16 << 10, maxURLBytes: Int = 12 << 10,
+    maxBodyBytes: Int = 64 << 10, timeout: Double = 60, backlog: Int = 4096, cors: CORSPolicy = CORSPolicy()
+  ) {
+    self.host = host
+    self.port = port
+    self.maxHeaderBytes = maxHeaderBytes
+    self.maxURLBytes = maxURLBytes
+    self.maxBodyBytes = maxBodyBytes
+    self.timeout = timeout
+    self.backlog = backlog
+    self.cors = cors
+  }
+}

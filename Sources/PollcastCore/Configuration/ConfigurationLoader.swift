@@ -18,7 +18,9 @@ public struct ConfigurationLoader {
     if let fileText {
       problems += applyFile(fileText, name: fileName, to: &config)
     }
-    let byEnvironmentName = Dictionary(uniqueKeysWithValues: Configuration.settings.map { ($0.environmentName, $0) })
+    var byEnvironmentName = Dictionary(uniqueKeysWithValues: Configuration.settings.map { ($0.environmentName, $0) })
+    let byKey = Dictionary(uniqueKeysWithValues: Configuration.settings.map { ($0.key, $0) })
+    for (alias, key) in Self.environmentAliases { byEnvironmentName[alias] = byKey[key] }
     for (name, value) in environment.sorted(by: { $0.key < $1.key }) where name.hasPrefix("POLLCAST_") {
       if Self.nonSettingVariables.contains(name) { continue }
       guard let setting = byEnvironmentName[name] else {
@@ -27,7 +29,6 @@ public struct ConfigurationLoader {
       }
       if let problem = setting.applyText(&config, value) { problems.append("\(name): \(problem)") }
     }
-    let byKey = Dictionary(uniqueKeysWithValues: Configuration.settings.map { ($0.key, $0) })
     for (key, value) in overrides {
       guard let setting = byKey[key] else {
         problems.append("\(key): unknown setting")
@@ -40,17 +41,20 @@ public struct ConfigurationLoader {
     return config
   }
 
+  /// Short variable names for the most used settings (the long form works too).
+  static let environmentAliases: [String: String] = ["POLLCAST_LISTEN": "server.listen"]
+
   /// Variables with the prefix that are not settings (read by the CLI itself).
   static let nonSettingVariables: Set<String> = ["POLLCAST_CONFIG"]
 
   private func applyFile(_ text: String, name: String, to config: inout Configuration) -> [String] {
-    let object: Any
+    let value: JSONValue
     do {
-      object = try JSONSerialization.jsonObject(with: Data(text.utf8), options: [])
+      value = try JSONDecoder().decode(JSONValue.self, from: Data(text.utf8))
     } catch {
-      return ["\(name): not valid JSON (\(error.localizedDescription))"]
+      return ["\(name): not valid JSON (\(Self.describe(error)))"]
     }
-    guard let root = object as? [String: Any] else { return ["\(name): the top level must be an object"] }
+    guard case .object(let root) = value else { return ["\(name): the top level must be an object"] }
     var problems: [String] = []
     let byKey = Dictionary(uniqueKeysWithValues: Configuration.settings.map { ($0.key, $0) })
     let sections = Set(Configuration.settings.map { String($0.key.split(separator: ".")[0]) })
@@ -59,7 +63,7 @@ public struct ConfigurationLoader {
         problems.append("\(name): unknown section \"\(sectionName)\"")
         continue
       }
-      guard let section = root[sectionName] as? [String: Any] else {
+      guard case .object(let section) = root[sectionName]! else {
         problems.append("\(name): \"\(sectionName)\" must be an object")
         continue
       }
@@ -73,5 +77,14 @@ public struct ConfigurationLoader {
       }
     }
     return problems
+  }
+
+  private static func describe(_ error: Error) -> String {
+    switch error {
+    case DecodingError.dataCorrupted(let context):
+      context.underlyingError.map { "\($0)" } ?? context.debugDescription
+    default:
+      "\(error)"
+    }
   }
 }

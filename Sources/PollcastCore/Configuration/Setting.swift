@@ -8,7 +8,7 @@ public struct Setting: Sendable {
   public let summary: String
   /// The default as shown in docs.
   public let defaultText: String
-  let applyJSON: @Sendable (inout Configuration, Any) -> String?
+  let applyJSON: @Sendable (inout Configuration, JSONValue) -> String?
   let applyText: @Sendable (inout Configuration, String) -> String?
 
   /// `POLLCAST_SSE_HEARTBEAT_SECONDS`.
@@ -27,9 +27,8 @@ public struct Setting: Sendable {
     Setting(
       key: key, summary: summary, defaultText: String(Configuration()[keyPath: path]),
       applyJSON: { config, value in
-        // JSONSerialization yields NSNumber; a Bool also bridges to a number, so reject it explicitly.
-        guard let number = value as? NSNumber, !(value is Bool), let int = Int(exactly: number.doubleValue) else {
-          return "expected an integer, got \(describe(value))"
+        guard case .number(let number) = value, let int = Int(exactly: number) else {
+          return "expected an integer, got \(value.kind == "a number" ? "a fraction" : value.kind)"
         }
         config[keyPath: path] = int
         return nil
@@ -47,10 +46,10 @@ public struct Setting: Sendable {
     Setting(
       key: key, summary: summary, defaultText: formatNumber(Configuration()[keyPath: path]),
       applyJSON: { config, value in
-        guard let number = value as? NSNumber, !(value is Bool), number.doubleValue.isFinite else {
-          return "expected a number, got \(describe(value))"
+        guard case .number(let number) = value, number.isFinite else {
+          return "expected a number, got \(value.kind)"
         }
-        config[keyPath: path] = number.doubleValue
+        config[keyPath: path] = number
         return nil
       },
       applyText: { config, text in
@@ -67,7 +66,7 @@ public struct Setting: Sendable {
     return Setting(
       key: key, summary: summary, defaultText: shown.isEmpty ? "(empty)" : shown,
       applyJSON: { config, value in
-        guard let string = value as? String else { return "expected a string, got \(describe(value))" }
+        guard case .string(let string) = value else { return "expected a string, got \(value.kind)" }
         config[keyPath: path] = string
         return nil
       },
@@ -83,7 +82,7 @@ public struct Setting: Sendable {
     Setting(
       key: key, summary: summary, defaultText: String(Configuration()[keyPath: path]),
       applyJSON: { config, value in
-        guard let bool = value as? Bool else { return "expected true or false, got \(describe(value))" }
+        guard case .bool(let bool) = value else { return "expected true or false, got \(value.kind)" }
         config[keyPath: path] = bool
         return nil
       },
@@ -104,8 +103,13 @@ public struct Setting: Sendable {
     Setting(
       key: key, summary: summary, defaultText: "[]",
       applyJSON: { config, value in
-        guard let array = value as? [Any], let strings = array as? [String] else {
-          return "expected an array of strings, got \(describe(value))"
+        guard case .array(let array) = value else { return "expected an array of strings, got \(value.kind)" }
+        var strings: [String] = []
+        for element in array {
+          guard case .string(let string) = element else {
+            return "expected an array of strings, found \(element.kind) in it"
+          }
+          strings.append(string)
         }
         config[keyPath: path] = strings
         return nil
@@ -116,18 +120,6 @@ public struct Setting: Sendable {
         }
         return nil
       })
-  }
-}
-
-private func describe(_ value: Any) -> String {
-  switch value {
-  case is Bool: "a boolean"
-  case is String: "a string"
-  case is NSNumber: "a number"
-  case is [Any]: "an array"
-  case is [String: Any]: "an object"
-  case is NSNull: "null"
-  default: "\(type(of: value))"
   }
 }
 

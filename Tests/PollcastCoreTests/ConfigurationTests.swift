@@ -1,0 +1,155 @@
+import Foundation
+import Testing
+
+@testable import PollcastCore
+
+@Suite struct ConfigurationTests {
+  private let loader = ConfigurationLoader()
+
+  @Test func defaultsAreValid() throws {
+    #expect(Configuration().problems().isEmpty)
+    let config = try loader.load(fileText: nil, environment: [:], overrides: [])
+    #expect(config == Configuration())
+  }
+
+  @Test func shippedConfigFileEqualsTheDocumentedDefaults() throws {
+    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+      .deletingLastPathComponent()
+    let text = try String(contentsOf: root.appendingPathComponent("Config/pollcast.json"), encoding: .utf8)
+    #expect(try loader.load(fileText: text, environment: [:], overrides: []) == Configuration())
+  }
+
+  @Test func fileThenEnvironmentThenFlagsEachOverrideTheLast() throws {
+    let file = #"{"sse": {"heartbeat_seconds": 5, "retry_ms": 1000}, "ring": {"max_events": 50}}"#
+    let config = try loader.load(
+      fileText: file,
+      environment: ["POLLCAST_SSE_RETRY_MS": "2000", "POLLCAST_RING_MAX_EVENTS": "60", "PATH": "/bin"],
+      overrides: [("ring.max_events", "70")])
+    #expect(config.sse.heartbeatSeconds == 5)
+    #expect(config.sse.retryMilliseconds == 2000)
+    #expect(config.ring.maxEvents == 70)
+  }
+
+  @Test func listsComeFromArraysOrCommaSeparatedText() throws {
+    let fromFile = try loader.load(
+      fileText: #"{"cors": {"allowed_origins": ["https://a.example"]}}"#, environment: [:], overrides: [])
+    #expect(fromFile.cors.allowedOrigins == ["https://a.example"])
+    let fromEnvironment = try loader.load(
+      fileText: nil, environment: ["POLLCAST_CORS_ALLOWED_ORIGINS": "https://a.example, https://b.example:8443"],
+      overrides: [])
+    #expect(fromEnvironment.cors.allowedOrigins == ["https://a.example", "https://b.example:8443"])
+  }
+
+  @Test func listenAliasWorksInTheEnvironment() throws {
+    let config = try loader.load(fileText: nil, environment: ["POLLCAST_LISTEN": "[::1]:0"], overrides: [])
+    #expect(config.serverSettings.host == "::1")
+    #expect(config.serverSettings.port == 0)
+  }
+
+  @Test func everyProblemIsReportedAtOnce() {
+    let file = #"{"sse": {"heartbeat_seconds": "soon", "bogus": 1}, "nope": {}, "ring": {"max_events": 0}}"#
+    #expect {
+      try loader.load(
+        fileText: file, environment: ["POLLCAST_SERVER_BACKLOG": "many", "POLLCAST_TYPO": "1"],
+        overrides: [("server.listen", "nowhere")])
+    } throws: { error in
+      guard let error = error as? ConfigurationError else { return false }
+      let text = error.problems.joined(separator: "\n")
+      return error.problems.count >= 6 && text.contains("sse.heartbeat_seconds: expected a number")
+        && text.contains("unknown key \"sse.bogus\"") && text.contains("unknown section \"nope\"")
+        && text.contains("ring.max_events: must be greater than 0")
+        && text.contains("POLLCAST_SERVER_BACKLOG: expected an integer")
+        && text.contains("POLLCAST_TYPO: unknown") && text.contains("server.listen")
+    }
+  }
+
+  @Test func malformedJSONIsAClearError() {
+    #expect(throws: ConfigurationError.self) { try loader.load(fileText: "{", environment: [:], overrides: []) }
+    #expect(throws: ConfigurationError.self) { try loader.load(fileText: "[1]", environment: [:], overrides: []) }
+  }
+
+  @Test func typeMismatchesAreRejectedNotCoerced() {
+    for file in [
+      #"{"ring": {"max_events": 1.5}}"#, #"{"ring": {"max_events": true}}"#, #"{"cors": {"allow_credentials": 1}}"#,
+      #"{"cors": {"allowed_origins": "https://a.example"}}"#, #"{"server": {"listen": 8080}}"#,
+    ] {
+      #expect(throws: ConfigurationError.self, "\(file)") {
+        try loader.load(fileText: file, environment: [:], overrides: [])
+      }
+    }
+  }
+
+  @Test func heartbeatMustStayBelowTheServerTimeout() {
+    var config = Configuration()
+    config.sse.heartbeatSeconds = 60
+    config.server.timeoutSeconds = 30
+    #expect(config.problems().contains { $0.hasPrefix("sse.heartbeat_seconds") })
+  }
+
+  @Test(arguments: ["127.0.0.1:8080", "0.0.0.0:0", "[::1]:9000", "localhost:65535"])
+  func validListenAddressesParse(text: String) throws {
+    _ = try ListenAddress.parse(text)
+  }
+
+  @Test(arguments: ["127.0.0.1", ":80", "host:70000", "host:-1", "[::1]9000", "host:port"])
+  func invalidListenAddressesAreRejected(text: String) {
+    #expect(throws: ConfigurationError.self) { try ListenAddress.parse(text) }
+  }
+
+  @Test func badOriginsAreRejected() {
+    var config = Configuration()
+    config.cors.allowedOrigins = ["example.com", "https://ok.example", "https://slash.example/"]
+    #expect(config.problems().filter { $0.hasPrefix("cors.allowed_origins") }.count == 2)
+  }
+}
+
+@Suite struct CommandLineTests {
+  @Test func flagsTakeSpaceOrEqualsValues() throws {
+    let options = try CommandLineOptions.parse([
+      "--listen", "127.0.0.1:0", "--sse-heartbeat-seconds=3", "--config", "x.json", "--upstream-api-key=k",
+    ])
+    #expect(options.configPath == "x.json")
+    #expect(
+      options.overrides == [
+        .init(key: "server.listen", value: "127.0.0.1:0"), .init(key: "sse.heartbeat_seconds", value: "3"),
+        .init(key: "upstream.api_key", value: "k"),
+      ])
+  }
+
+  @Test func helpVersionAndDemoAreFlags() throws {
+    #expect(try CommandLineOptions.parse(["-h"]).help)
+    #expect(try CommandLineOptions.parse(["--version"]).version)
+    #expect(try CommandLineOptions.parse(["--demo"]).demo)
+  }
+
+  @Test(arguments: [["--nope"], ["--listen"], ["stray"], ["--demo=yes"]])
+  func usageErrorsAreReported(arguments: [String]) {
+    #expect(throws: UsageError.self) { try CommandLineOptions.parse(arguments) }
+  }
+
+  @Test func settingsReferenceListsEveryKey() {
+    let table = CommandLineOptions.settingsReference()
+    for setting in Configuration.settings {
+      #expect(table.contains("`\(setting.key)`"))
+      #expect(table.contains("`\(setting.environmentName)`"))
+    }
+  }
+}
+
+@Suite struct LoggerTests {
+  @Test func secretsNeverReachTheLine() {
+    let line = Logger.render(
+      level: .info, label: "t", message: "session", metadata: ["upstream.token": "abc123", "api_key": "k", "n": "1"],
+      format: .logfmt)
+    #expect(!line.contains("abc123"))
+    #expect(!line.contains("=k"))
+    #expect(line.contains("n=1"))
+  }
+
+  @Test func jsonFormatIsOneObject() throws {
+    let line = Logger.render(level: .warning, label: "t", message: "a \"b\"", metadata: ["k": "v"], format: .json)
+    let object = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: String]
+    #expect(object?["msg"] == "a \"b\"")
+    #expect(object?["level"] == "warning")
+  }
+}

@@ -1,0 +1,89 @@
+import Testing
+
+@testable import PollcastCore
+
+@Suite struct SSEEncoderTests {
+  private func roundTrip(_ data: String, type: String? = nil, id: UInt64? = 7) -> SSEParser.Event? {
+    var parser = SSEParser()
+    let events = parser.feed(SSEEncoder.event(id: id, type: type, data: data))
+    #expect(events.count == 1)
+    return events.first
+  }
+
+  @Test func plainPayloadBecomesOneDataLineWithTheIdBeforeIt() {
+    let text = String(decoding: SSEEncoder.event(id: 42, type: nil, data: "hello"), as: UTF8.self)
+    #expect(text == "id: 42\ndata: hello\n\n")
+  }
+
+  @Test(arguments: ["a\nb", "a\rb", "a\r\nb", "a\n\rb", "\n", "\r\n\r\n", "a\n", "x\r"])
+  func everyLineBreakStartsANewDataLineAndNothingEndsTheEventEarly(payload: String) throws {
+    let bytes = SSEEncoder.event(id: 1, type: nil, data: payload)
+    // Exactly one blank line, at the very end.
+    let text = String(decoding: bytes, as: UTF8.self)
+    #expect(text.hasSuffix("\n\n"))
+    #expect(!String(text.dropLast(2)).contains("\n\n"))
+    #expect(!text.contains("\r"))
+    let event = try #require(roundTrip(payload, id: 1))
+    // Parsers normalise every break to LF.
+    let normalised = payload.replacingOccurrences(of: "\r\n", with: "\n").replacingOccurrences(of: "\r", with: "\n")
+    #expect(event.data == normalised)
+  }
+
+  @Test func crlfIsOneBreakNotTwo() throws {
+    let text = String(decoding: SSEEncoder.event(id: nil, type: nil, data: "a\r\nb"), as: UTF8.self)
+    #expect(text == "data: a\ndata: b\n\n")
+  }
+
+  @Test func emptyPayloadStillDispatchesAnEvent() throws {
+    let event = try #require(roundTrip(""))
+    #expect(event.data == "")
+    #expect(event.lastEventID == "7")
+  }
+
+  @Test func leadingSpaceInThePayloadIsKept() throws {
+    #expect(try #require(roundTrip(" padded")).data == " padded")
+    #expect(try #require(roundTrip("  two")).data == "  two")
+  }
+
+  @Test func nonASCIITextSurvivesUnchanged() throws {
+    let text = "Привет, 世界 — 👋🏽 é"
+    #expect(try #require(roundTrip(text)).data == text)
+  }
+
+  @Test func payloadThatLooksLikeFieldsCannotInjectThem() throws {
+    let event = try #require(roundTrip("x\nid: 999\nevent: evil\n\ndata: y", id: 5))
+    #expect(event.lastEventID == "5")
+    #expect(event.type == "message")
+    #expect(event.data == "x\nid: 999\nevent: evil\n\ndata: y")
+  }
+
+  @Test func eventTypeIsWrittenAndStrippedOfLineBreaks() throws {
+    let event = try #require(roundTrip("{}", type: "stream-\nattached"))
+    #expect(event.type == "stream-attached")
+    let plain = String(decoding: SSEEncoder.event(id: 1, type: "message", data: "x"), as: UTF8.self)
+    #expect(!plain.contains("event:"))
+  }
+
+  @Test(arguments: [UInt64(0), 1, 9, 10, 1_795_000_000_000_000, UInt64.max])
+  func idsAreBareDecimalDigits(id: UInt64) {
+    let text = String(decoding: SSEEncoder.event(id: id, type: nil, data: "x"), as: UTF8.self)
+    #expect(text.hasPrefix("id: \(id)\n"))
+  }
+
+  @Test func commentsAndRetryAreNotEvents() {
+    var parser = SSEParser()
+    let events = parser.feed(SSEEncoder.comment("hi\nthere") + SSEEncoder.retry(milliseconds: 2500))
+    #expect(events.isEmpty)
+    #expect(parser.retry == 2500)
+    #expect(parser.comments == 1)
+  }
+
+  @Test func parserHandlesBytesSplitAnywhere() {
+    let stream = SSEEncoder.event(id: 1, type: nil, data: "a\r\nb") + SSEEncoder.event(id: 2, type: "x", data: "c")
+    for split in 0...stream.count {
+      var parser = SSEParser()
+      let events = parser.feed(stream[..<split]) + parser.feed(stream[split...])
+      #expect(events.map(\.data) == ["a\nb", "c"], "split at \(split)")
+    }
+  }
+}

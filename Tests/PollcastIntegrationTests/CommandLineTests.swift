@@ -1,0 +1,73 @@
+import Foundation
+import PollcastCore
+import Testing
+
+/// The built `pollcast` executable, as users and scripts run it.
+@Suite(.serialized) struct CommandLineProcessTests {
+  let binary = builtProduct("pollcast")
+
+  @Test func versionAndHelpExitZero() throws {
+    let version = try run(binary, ["--version"])
+    #expect(version.code == 0)
+    #expect(version.stdout.hasPrefix("pollcast \(PollcastVersion.current)"))
+    let help = try run(binary, ["--help"])
+    #expect(help.code == 0)
+    #expect(help.stdout.contains("USAGE: pollcast"))
+  }
+
+  @Test func usageErrorsExit64WithTheUsage() throws {
+    let result = try run(binary, ["--bogus"])
+    #expect(result.code == 64)
+    #expect(result.stderr.hasPrefix("Error: unknown option --bogus"))
+    #expect(result.stderr.contains("USAGE: pollcast"))
+  }
+
+  @Test func invalidConfigurationListsEveryProblemAndDoesNotStart() throws {
+    let file = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-bad-\(getpid()).json")
+    try #"{"ring": {"max_events": -1}, "sse": {"heartbeat_seconds": "x"}}"#.write(
+      to: file, atomically: true, encoding: .utf8)
+    defer { try? FileManager.default.removeItem(at: file) }
+    let result = try run(binary, ["--config", file.path, "--listen", "nowhere", "--log-level", "loud"])
+    #expect(result.code == 78)
+    #expect(result.stdout.isEmpty)
+    for fragment in ["ring.max_events", "sse.heartbeat_seconds", "server.listen", "log.level"] {
+      #expect(result.stderr.contains(fragment), "missing \(fragment) in: \(result.stderr)")
+    }
+  }
+
+  @Test func aPortInUseIsAClearErrorNotACrash() async throws {
+    let harness = try await RelayHarness.start()
+    let result = try run(binary, ["--listen", "127.0.0.1:\(harness.port)"])
+    #expect(result.code == 69)
+    #expect(result.stderr.contains("cannot listen on 127.0.0.1:\(harness.port)"))
+    await harness.stop()
+  }
+
+  @Test func demoPrintsTheAddressStreamsAndStopsCleanlyOnSIGTERM() async throws {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: binary)
+    process.arguments = ["--demo", "--listen", "127.0.0.1:0", "--sse-heartbeat-seconds", "1"]
+    let out = Pipe()
+    process.standardOutput = out
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    defer { if process.isRunning { process.terminate() } }
+    var firstLine = ""
+    let deadline = Date().addingTimeInterval(10)
+    while !firstLine.contains("\n") && Date() < deadline {
+      firstLine += String(decoding: out.fileHandleForReading.availableData, as: UTF8.self)
+    }
+    let line = try #require(firstLine.split(separator: "\n").first.map(String.init))
+    #expect(line.hasPrefix("listening on 127.0.0.1:"))
+    let port = try #require(Int(line.split(separator: ":").last ?? ""))
+    let client = try TestSSEClient(port: port)
+    try client.waitUntil(timeout: 10, "a demo message") { !$0.messageIDs.isEmpty }
+    kill(process.processIdentifier, SIGTERM)
+    try client.waitForEOF(timeout: 10)
+    #expect(client.endedCleanly)
+    let exitDeadline = Date().addingTimeInterval(10)
+    while process.isRunning && Date() < exitDeadline { usleep(20_000) }
+    #expect(!process.isRunning)
+    #expect(process.terminationStatus == 0)
+  }
+}

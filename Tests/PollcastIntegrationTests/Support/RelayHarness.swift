@@ -1,0 +1,91 @@
+import Foundation
+import PollcastCore
+
+/// An in-process relay on 127.0.0.1:0 for a test, shut down by `stop()` (call it on every path).
+struct RelayHarness {
+  let relay: Relay
+  var port: Int { relay.port }
+
+  static func start(
+    feed: FeedSettings = FeedSettings(heartbeatInterval: 5),
+    server: ServerSettings = ServerSettings(host: "127.0.0.1", port: 0),
+    ids: EventIDAllocator = EventIDAllocator()
+  ) async throws -> RelayHarness {
+    let relay = try await Relay.start(
+      server: server, feed: feed, logger: Logger(label: "test", level: .warning), ids: ids)
+    return RelayHarness(relay: relay)
+  }
+
+  func stop() async { await relay.shutdown(deadline: 2) }
+
+  /// Publishes `count` messages on `stream` with payloads `"<prefix><n>"`; returns their ids.
+  @discardableResult
+  func publish(_ count: Int, stream: String = "101", prefix: String = "m") async -> [UInt64] {
+    let events = (0..<count).map { FeedEvent(stream: stream, data: "\(prefix)\($0)") }
+    return await relay.feed.publish(events)
+  }
+
+  func statistics() async -> FeedStatistics { await relay.feed.statistics() }
+
+  /// Waits until the feed's connected-subscriber count satisfies `predicate`.
+  func waitForSubscribers(timeout: Double = 10, _ predicate: (Int) -> Bool) async throws {
+    let deadline = MonotonicClock.seconds() + timeout
+    while !predicate(await statistics().subscribersConnected) {
+      guard MonotonicClock.seconds() < deadline else {
+        throw TestSSEClient.Failure(
+          description: "subscriber count stuck at \(await statistics().subscribersConnected)")
+      }
+      try await Task.sleep(for: .milliseconds(10))
+    }
+  }
+}
+
+/// Runs a process to completion and returns its exit code and output.
+func run(_ executable: String, _ arguments: [String], timeout: Double = 30) throws -> (
+  code: Int32, stdout: String, stderr: String
+) {
+  let process = Process()
+  process.executableURL = URL(fileURLWithPath: executable)
+  process.arguments = arguments
+  let out = Pipe()
+  let err = Pipe()
+  process.standardOutput = out
+  process.standardError = err
+  try process.run()
+  let deadline = Date().addingTimeInterval(timeout)
+  while process.isRunning && Date() < deadline { usleep(10_000) }
+  if process.isRunning { process.terminate() }
+  process.waitUntilExit()
+  return (
+    process.terminationStatus, String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self),
+    String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+  )
+}
+
+/// Path of a product built next to the tests (`.build/debug/NAME`).
+func builtProduct(_ name: String) -> String {
+  let bundle = Bundle.main.bundleURL  // .build/<triple>/debug/...
+  var directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+  for candidate in [directory, bundle.deletingLastPathComponent()] {
+    let path = candidate.appendingPathComponent(name).path
+    if FileManager.default.isExecutableFile(atPath: path) { return path }
+  }
+  while directory.path != "/" {
+    let path = directory.appendingPathComponent(name).path
+    if FileManager.default.isExecutableFile(atPath: path) { return path }
+    directory.deleteLastPathComponent()
+  }
+  return name
+}
+
+/// Open file descriptors of this process.
+func openDescriptorCount() -> Int {
+  (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
+}
+
+/// Resident memory of this process in bytes.
+func residentBytes() -> Int {
+  guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return 0 }
+  let fields = text.split(separator: " ")
+  return (Int(fields[1]) ?? 0) * Int(sysconf(Int32(_SC_PAGESIZE)))
+}

@@ -6,6 +6,7 @@ let package = Package(
   platforms: [.macOS(.v15)],
   products: [
     .executable(name: "pollcast", targets: ["pollcast"]),
+    .executable(name: "pollcast-legacy-fixture", targets: ["pollcast-legacy-fixture"]),
     .library(name: "PollcastCore", targets: ["PollcastCore"]),
   ],
   targets: [
@@ -14,13 +15,26 @@ let package = Package(
       pkgConfig: "libevent_pthreads",
       providers: [.apt(["libevent-dev"])]
     ),
+    .systemLibrary(
+      name: "CCurl",
+      pkgConfig: "libcurl",
+      providers: [.apt(["libcurl4-openssl-dev"])]
+    ),
     .target(
       name: "PollcastCore",
-      dependencies: ["CLibevent"]
+      dependencies: ["CLibevent", "CCurl"]
+    ),
+    .target(
+      name: "LegacyFixture",
+      dependencies: ["PollcastCore"]
+    ),
+    .executableTarget(
+      name: "pollcast-legacy-fixture",
+      dependencies: ["LegacyFixture"]
     ),
     .executableTarget(
       name: "pollcast",
-      dependencies: ["PollcastCore"]
+      dependencies: ["PollcastCore", "LegacyFixture"]
     ),
     .testTarget(
       name: "PollcastCoreTests",
@@ -28,7 +42,7 @@ let package = Package(
     ),
     .testTarget(
       name: "PollcastIntegrationTests",
-      dependencies: ["PollcastCore"]
+      dependencies: ["PollcastCore", "LegacyFixture"]
     ),
   ],
   swiftLanguageModes: [.v6]

@@ -2,10 +2,12 @@ import CLibevent
 import Foundation
 
 /// A read-only view of an incoming evhttp request. Valid only during the request callback, on the loop thread.
-struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used on the loop thread only
-  let raw: OpaquePointer
+public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used on the loop thread only
+  public let raw: OpaquePointer
 
-  enum Method: String {
+  public init(raw: OpaquePointer) { self.raw = raw }
+
+  public enum Method: String, Sendable {
     case get = "GET"
     case head = "HEAD"
     case post = "POST"
@@ -18,7 +20,7 @@ struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used on the 
     case other = "OTHER"
   }
 
-  var method: Method {
+  public var method: Method {
     switch evhttp_request_get_command(raw) {
     case EVHTTP_REQ_GET: .get
     case EVHTTP_REQ_HEAD: .head
@@ -34,18 +36,18 @@ struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used on the 
   }
 
   /// The request target as sent (path and query, still percent-encoded).
-  var uri: String {
+  public var uri: String {
     guard let uri = evhttp_request_get_uri(raw) else { return "" }
     return String(cString: uri)
   }
 
-  var uriLength: Int {
+  public var uriLength: Int {
     guard let uri = evhttp_request_get_uri(raw) else { return 0 }
     return strlen(uri)
   }
 
   /// The decoded path, or nil when the target does not parse.
-  var path: String? {
+  public var path: String? {
     guard let parsed = evhttp_request_get_evhttp_uri(raw), let path = evhttp_uri_get_path(parsed) else { return nil }
     guard let decoded = evhttp_uridecode(path, 0, nil) else { return nil }
     defer { free(decoded) }
@@ -53,7 +55,7 @@ struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used on the 
   }
 
   /// Query parameters in order, decoded; nil when the query string is malformed.
-  var queryItems: [(String, String)]? {
+  public var queryItems: [(String, String)]? {
     guard let parsed = evhttp_request_get_evhttp_uri(raw) else { return nil }
     guard let query = evhttp_uri_get_query(parsed) else { return [] }
     var list = evkeyvalq()
@@ -71,17 +73,25 @@ struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used on the 
     return items
   }
 
-  func header(_ name: String) -> String? {
+  public func header(_ name: String) -> String? {
     guard let headers = evhttp_request_get_input_headers(raw), let value = evhttp_find_header(headers, name) else {
       return nil
     }
     return String(cString: value)
   }
 
-  var connection: OpaquePointer? { evhttp_request_get_connection(raw) }
+  public var connection: OpaquePointer? { evhttp_request_get_connection(raw) }
+
+  /// The request body as text (bodies are bounded by the server's max body size).
+  public var bodyText: String {
+    guard let buffer = evhttp_request_get_input_buffer(raw) else { return "" }
+    let length = evbuffer_get_length(buffer)
+    guard length > 0, let bytes = evbuffer_pullup(buffer, length) else { return "" }
+    return String(decoding: UnsafeBufferPointer(start: bytes, count: length), as: UTF8.self)
+  }
 
   /// The peer's address as `host:port`, for logs.
-  var peer: String {
+  public var peer: String {
     guard let connection else { return "?" }
     var address: UnsafeMutablePointer<CChar>?
     var port: UInt16 = 0
@@ -92,12 +102,12 @@ struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used on the 
 
   // MARK: Responses
 
-  func addHeader(_ name: String, _ value: String) {
+  public func addHeader(_ name: String, _ value: String) {
     evhttp_add_header(evhttp_request_get_output_headers(raw), name, value)
   }
 
   /// Sends a complete response.
-  func respond(
+  public func respond(
     status: Int32, reason: String, contentType: String? = nil, body: String = "", headers: [(String, String)] = []
   ) {
     if let contentType { addHeader("Content-Type", contentType) }
@@ -112,7 +122,7 @@ struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used on the 
   }
 
   /// A plain-text error with a reason a person can read.
-  func respondError(status: Int32, reason: String, message: String, headers: [(String, String)] = []) {
+  public func respondError(status: Int32, reason: String, message: String, headers: [(String, String)] = []) {
     respond(
       status: status, reason: reason, contentType: "text/plain; charset=utf-8", body: message + "\n",
       headers: headers)

@@ -3,15 +3,15 @@ import Foundation
 
 /// A bound, listening, non-blocking TCP socket, created by hand so that the backlog is ours to choose (evhttp's
 /// own bind uses a small one, which drops connections when thousands of clients connect at once).
-struct ListeningSocket {
-  let fd: Int32
-  let host: String
-  let port: Int
+public struct ListeningSocket: Sendable {
+  public let fd: Int32
+  public let host: String
+  public let port: Int
 
   /// The address as `host:port` (`[v6]:port` for IPv6).
-  var address: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+  public var address: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
 
-  static func bind(host: String, port: Int, backlog: Int) throws(ServerError) -> ListeningSocket {
+  public static func bind(host: String, port: Int, backlog: Int) throws(ServerError) -> ListeningSocket {
     var hints = addrinfo()
     hints.ai_family = AF_UNSPEC
     hints.ai_socktype = Int32(SOCK_STREAM.rawValue)

@@ -10,9 +10,7 @@ public actor SSEServer {
   public nonisolated let settings: ServerSettings
   public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 
-  private var http: OpaquePointer?
-  private var boundSocket: OpaquePointer?
-  private var listener: ListeningSocket?
+  private var listener: HTTPListener?
   private let scratch = EventBuffer()
   private var openStreams = 0
   private let logger: Logger
@@ -45,32 +43,16 @@ public actor SSEServer {
 
   /// Binds and starts accepting. Returns the bound address (`host:port`, with the real port when 0 was asked).
   public func start() throws(ServerError) -> String {
-    let socket = try ListeningSocket.bind(host: settings.host, port: settings.port, backlog: settings.backlog)
-    guard let http = evhttp_new(loop.base) else {
-      close(socket.fd)
-      throw ServerError.libevent("evhttp_new")
+    let listener = HTTPListener(loop: loop) { [unowned self] request in
+      self.assumeIsolated { $0.handle(request) }
     }
-    evhttp_set_max_headers_size(http, settings.maxHeaderBytes)
-    evhttp_set_max_body_size(http, settings.maxBodyBytes)
-    var timeout = timeval(seconds: settings.timeout)
-    evhttp_set_timeout_tv(http, &timeout)
-    // Every method reaches our handler, which answers 405 itself (evhttp would answer 501).
-    let everyMethod =
-      EVHTTP_REQ_GET.rawValue | EVHTTP_REQ_POST.rawValue | EVHTTP_REQ_HEAD.rawValue | EVHTTP_REQ_PUT.rawValue
-      | EVHTTP_REQ_DELETE.rawValue | EVHTTP_REQ_OPTIONS.rawValue | EVHTTP_REQ_TRACE.rawValue
-      | EVHTTP_REQ_CONNECT.rawValue | EVHTTP_REQ_PATCH.rawValue
-    evhttp_set_allowed_methods(http, UInt16(everyMethod))
-    // Unretained: the server frees evhttp (and so this callback) in shutdown, before it can go away.
-    evhttp_set_gencb(http, sseServerRequest, Unmanaged.passUnretained(self).toOpaque())
-    guard let bound = evhttp_accept_socket_with_handle(http, socket.fd) else {
-      evhttp_free(http)
-      close(socket.fd)
-      throw ServerError.libevent("evhttp_accept_socket_with_handle")
-    }
-    self.http = http
-    self.boundSocket = bound
-    self.listener = socket
-    return socket.address
+    try listener.start(
+      host: settings.host, port: settings.port,
+      limits: .init(
+        maxHeaderBytes: settings.maxHeaderBytes, maxBodyBytes: settings.maxBodyBytes, timeout: settings.timeout,
+        backlog: settings.backlog))
+    self.listener = listener
+    return listener.address
   }
 
   /// Streams currently open.
@@ -79,11 +61,8 @@ public actor SSEServer {
   /// Stops accepting, ends every stream with a last comment, waits for them to flush (up to `deadline`
   /// seconds), then frees the server.
   public func shutdown(deadline: Double = 5) async {
-    guard let http else { return }
-    if let boundSocket {
-      evhttp_del_accept_socket(http, boundSocket)  // also closes the listening fd
-      self.boundSocket = nil
-    }
+    guard let listener else { return }
+    listener.stopAccepting()
     let ended = await feed.finishAll(comment: "pollcast shutting down")
     logger.info("ending streams", metadata: ["streams": "\(ended)"])
     let until = MonotonicClock.seconds() + deadline
@@ -93,13 +72,13 @@ public actor SSEServer {
     if openStreams > 0 {
       logger.warning("streams still open at the shutdown deadline", metadata: ["streams": "\(openStreams)"])
     }
-    evhttp_free(http)
-    self.http = nil
+    listener.close()
+    self.listener = nil
   }
 
   // MARK: Requests
 
-  fileprivate func handle(_ request: HTTPRequest) {
+  private func handle(_ request: HTTPRequest) {
     if request.uriLength > settings.maxURLBytes {
       request.respondError(
         status: 414, reason: "URI Too Long", message: "request target longer than \(settings.maxURLBytes) bytes")
@@ -222,12 +201,4 @@ private func reasonPhrase(_ status: Int32) -> String {
   case 503: "Service Unavailable"
   default: "Status"
   }
-}
-
-private let sseServerRequest: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = {
-  request, context in
-  guard let request, let context else { return }
-  let server = Unmanaged<SSEServer>.fromOpaque(context).takeUnretainedValue()
-  let wrapped = HTTPRequest(raw: request)
-  server.assumeIsolated { $0.handle(wrapped) }
 }

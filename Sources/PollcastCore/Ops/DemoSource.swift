@@ -26,7 +26,7 @@ public actor DemoSource {
     let stream = counter % 3 == 0 ? "202" : "101"
     let message = JSONText.object([
       "id": String(counter), "chat_id": JSONText.quoted("c1"), "from": JSONText.quoted("demo"),
-      "text": JSONText.quoted("demo message \(counter)"), "sent_at": JSONText.quoted(timestamp()),
+      "text": JSONText.quoted("demo message \(counter)"), "sent_at": JSONText.quoted(utcTimestamp()),
     ])
     let data = JSONText.object([
       "stream": JSONText.quoted(stream), "upstream_id": JSONText.quoted(String(counter)), "backlog": "false",

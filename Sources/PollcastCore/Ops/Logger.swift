@@ -67,7 +67,7 @@ public struct Logger: Sendable {
 
   static func render(level: Level, label: String, message: String, metadata: [String: String], format: Format) -> String
   {
-    let time = timestamp()
+    let time = utcTimestamp()
     var fields: [(String, String)] = [("ts", time), ("level", level.name), ("logger", label), ("msg", message)]
     for key in metadata.keys.sorted() {
       fields.append((key, isSecret(key) ? "[redacted]" : metadata[key]!))
@@ -89,7 +89,7 @@ public struct Logger: Sendable {
 }
 
 /// UTC time as `2026-11-29T18:01:14.123Z`, without a shared formatter (thread-safe).
-func timestamp() -> String {
+public func utcTimestamp() -> String {
   var spec = timespec()
   clock_gettime(CLOCK_REALTIME, &spec)
   var parts = tm()

@@ -82,8 +82,8 @@ public enum PollcastCommand {
 }
 
 /// Waits on the loop for the first of `signals`.
-enum SignalWaiter {
-  static func wait(loop: EventLoop, signals: [Int32]) async -> Int32 {
+public enum SignalWaiter {
+  public static func wait(loop: EventLoop, signals: [Int32]) async -> Int32 {
     let holder = WatcherHolder(loop: loop)
     return await withCheckedContinuation { continuation in
       Task { await holder.install(signals: signals, continuation: continuation) }

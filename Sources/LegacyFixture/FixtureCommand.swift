@@ -1,0 +1,85 @@
+import Foundation
+import PollcastCore
+
+/// `pollcast-legacy-fixture --listen HOST:PORT [--api-key KEY] [--user-id ID] [--linked-user-id ID|none]`
+public enum FixtureCommand {
+  public static let usage = """
+    USAGE: pollcast-legacy-fixture [--listen HOST:PORT] [--api-key KEY] [--user-id ID] [--linked-user-id ID|none]
+
+    Serves the reference legacy long-poll API (POST /api/session, GET /api/messages/last, GET /api/messages/poll,
+    GET /api/feed) and its control API (/_control/messages, /_control/link, /_control/expire-tokens,
+    /_control/faults, /_control/stats). The first line on stdout is `listening on HOST:PORT`.
+
+    OPTIONS:
+      --listen HOST:PORT      default 127.0.0.1:8081; port 0 picks a free one
+      --api-key KEY           the key POST /api/session accepts (default dev-key)
+      --user-id ID            the primary account (default 101)
+      --linked-user-id ID     the linked account at start, or none (default 202)
+      -h, --help, --version
+    """
+
+  public static func run(arguments: [String]) async -> Int32 {
+    var options = LegacyFixture.Options()
+    options.port = 8081
+    var index = 0
+    func fail(_ message: String) -> Int32 {
+      FileHandle.standardError.write(Data("Error: \(message)\n\n\(usage)\n".utf8))
+      return 64
+    }
+    while index < arguments.count {
+      var name = arguments[index]
+      var value: String?
+      if let equals = name.firstIndex(of: "="), name.hasPrefix("--") {
+        value = String(name[name.index(after: equals)...])
+        name = String(name[..<equals])
+      }
+      index += 1
+      func next() -> String? {
+        if let value { return value }
+        guard index < arguments.count else { return nil }
+        index += 1
+        return arguments[index - 1]
+      }
+      switch name {
+      case "-h", "--help":
+        print(usage)
+        return 0
+      case "--version":
+        print("pollcast-legacy-fixture \(PollcastVersion.current)")
+        return 0
+      case "--listen":
+        guard let text = next() else { return fail("--listen needs a value") }
+        do {
+          let address = try ListenAddress.parse(text)
+          options.host = address.host
+          options.port = address.port
+        } catch {
+          return fail("--listen: \(error)")
+        }
+      case "--api-key":
+        guard let key = next(), !key.isEmpty else { return fail("--api-key needs a value") }
+        options.apiKey = key
+      case "--user-id":
+        guard let user = next(), !user.isEmpty else { return fail("--user-id needs a value") }
+        options.userID = user
+      case "--linked-user-id":
+        guard let user = next(), !user.isEmpty else { return fail("--linked-user-id needs a value") }
+        options.linkedUserID = user == "none" ? nil : user
+      default:
+        return fail("unknown option \(name)")
+      }
+    }
+    let fixture: LegacyFixture
+    do {
+      fixture = try await LegacyFixture.start(options)
+    } catch {
+      FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+      return 69
+    }
+    print("listening on \(fixture.address)")
+    fflush(nil)
+    _ = await SignalWaiter.wait(loop: fixture.loop, signals: [SIGTERM, SIGINT])
+    await fixture.shutdown()
+    return 0
+  }
+}

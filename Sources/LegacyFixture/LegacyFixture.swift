@@ -1,0 +1,174 @@
+import CLibevent
+import Foundation
+import PollcastCore
+
+/// The reference legacy long-poll API (DESIGN's "Upstream" section) with its control API and fault injection.
+///
+/// It runs on its own event loop thread, like a separate server would, holds any number of polls without
+/// busy-waiting (each is a parked evhttp request plus one timer), and counts what tests need: polls, polls in
+/// flight (overall and per token), sessions.
+public actor LegacyFixture {
+  public struct Options: Sendable {
+    public var host = "127.0.0.1"
+    public var port = 0
+    public var apiKey = "dev-key"
+    public var userID = "101"
+    public var linkedUserID: String? = "202"
+    /// Seconds a token lives (`expires_in`).
+    public var tokenLifetime = 300.0
+    /// Largest `timeout` a poll may ask for.
+    public var maxPollTimeout = 120.0
+    /// Messages per user in one answer, at most.
+    public var pageSize = 100
+
+    public init() {}
+  }
+
+  public struct Stats: Sendable, Equatable {
+    public var polls = 0
+    public var pollsInFlight = 0
+    public var maxConcurrentPolls = 0
+    /// The largest number of polls one token had in flight at once.
+    public var maxPollsInFlightPerToken = 0
+    public var sessions = 0
+    public var unauthorized = 0
+    public var faultsApplied = 0
+    public var faultsPending = 0
+    public var messages: [String: Int] = [:]
+  }
+
+  public nonisolated let loop: EventLoop
+  public nonisolated let options: Options
+  /// `host:port` the fixture listens on.
+  public nonisolated let address: String
+  public nonisolated let port: Int
+  public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+  private var listener: HTTPListener?
+  var store = MessageStore()
+  var linkedUserID: String?
+  var sessions: [String: Session] = [:]
+  var pending: [Int: PendingPoll] = [:]
+  var nextPollID = 1
+  var inFlightByToken: [String: Int] = [:]
+  var faults: [FixtureFault] = []
+  var stats = Stats()
+  var connections: [OpaquePointer: ConnectionWatch] = [:]
+
+  struct Session {
+    let userID: String
+    let expiresAt: Double
+    var revoked = false
+  }
+
+  /// Starts a fixture on its own loop thread.
+  public static func start(_ options: Options = Options()) async throws -> LegacyFixture {
+    let socket = try ListeningSocket.bind(host: options.host, port: options.port, backlog: 4096)
+    let loop = try EventLoop()
+    loop.start()
+    let fixture = LegacyFixture(loop: loop, options: options, socket: socket)
+    try await fixture.listen(socket)
+    return fixture
+  }
+
+  private init(loop: EventLoop, options: Options, socket: ListeningSocket) {
+    self.loop = loop
+    self.options = options
+    self.address = socket.address
+    self.port = socket.port
+    self.linkedUserID = options.linkedUserID
+  }
+
+  private func listen(_ socket: ListeningSocket) throws {
+    let listener = HTTPListener(loop: loop) { [unowned self] request in
+      self.assumeIsolated { $0.route(request) }
+    }
+    try listener.start(socket: socket, limits: .init(maxBodyBytes: 4 << 20, timeout: 600))
+    self.listener = listener
+  }
+
+  /// Stops the server and its loop thread.
+  public func shutdown() async {
+    for poll in pending.values { poll.timer = nil }
+    pending.removeAll()
+    listener?.close()
+    listener = nil
+    let loop = self.loop
+    Thread.detachNewThread { loop.stop() }
+  }
+
+  // MARK: In-process control (the same operations as the control API)
+
+  /// Appends messages for `user`; returns their ids. Pending polls waiting on that user are answered.
+  @discardableResult
+  public func append(user: String, texts: [String], from: String = "alice", chatID: String = "c1") -> [UInt64] {
+    let ids = texts.map { store.append(user: user, text: $0, from: from, chatID: chatID) }
+    if !ids.isEmpty { wake(user: user) }
+    return ids
+  }
+
+  /// Attaches (or detaches, with nil) the linked account. Like a real API that re-scopes sessions on a link
+  /// change, it revokes every token, so the client's next call gets 401 and starts a session that names the new
+  /// linked account.
+  public func setLinkedUser(_ user: String?) {
+    linkedUserID = user
+    expireTokens()
+  }
+
+  /// Every issued token answers 401 from now on.
+  public func expireTokens() {
+    for key in sessions.keys { sessions[key]?.revoked = true }
+    // Polls parked with a revoked token are answered 401 at once, as the real API would on its next check.
+    for poll in pending.values where poll.kind == .chat {
+      finish(poll) { $0.respondError(status: 401, reason: "Unauthorized", message: "token expired") }
+    }
+  }
+
+  public func queue(_ faults: [FixtureFault]) { self.faults += faults }
+
+  public func statistics() -> Stats {
+    var snapshot = stats
+    snapshot.faultsPending = faults.count
+    snapshot.messages = store.counts
+    snapshot.pollsInFlight = pending.count
+    return snapshot
+  }
+
+  /// Forgets the maxima so a test can measure one phase.
+  public func resetMaxima() {
+    stats.maxConcurrentPolls = pending.count
+    stats.maxPollsInFlightPerToken = inFlightByToken.values.max() ?? 0
+  }
+
+  func sessionUsers() -> [String] {
+    [options.userID] + (linkedUserID.map { [$0] } ?? [])
+  }
+
+  func validSession(_ token: String?) -> Session? {
+    guard let token, let session = sessions[token], !session.revoked, MonotonicClock.seconds() < session.expiresAt
+    else { return nil }
+    return session
+  }
+
+  func issueSession() -> (token: String, session: Session) {
+    var bytes = [UInt8](repeating: 0, count: 16)
+    for index in bytes.indices { bytes[index] = UInt8.random(in: 0...255) }
+    let token = bytes.map { String(format: "%02x", $0) }.joined()
+    let session = Session(userID: options.userID, expiresAt: MonotonicClock.seconds() + options.tokenLifetime)
+    sessions[token] = session
+    stats.sessions += 1
+    return (token, session)
+  }
+}
+
+/// Watches one client connection so that a poll whose client went away stops counting as in flight.
+final class ConnectionWatch: @unchecked Sendable {  // loop thread only
+  weak var fixture: LegacyFixture?
+  var pollID: Int?
+  let connection: OpaquePointer
+
+  init(fixture: LegacyFixture, connection: OpaquePointer) {
+    self.fixture = fixture
+    self.connection = connection
+  }
+}

@@ -1,0 +1,96 @@
+import CLibevent
+import Foundation
+
+/// An evhttp server bound to one address, with explicit limits, that hands every request to `handler` on the
+/// loop thread. The SSE server and the legacy fixture are both built on it. Loop-confined.
+public final class HTTPListener: @unchecked Sendable {
+  public struct Limits: Sendable {
+    public var maxHeaderBytes: Int
+    public var maxBodyBytes: Int
+    /// evhttp's read/write timeout for connections, in seconds.
+    public var timeout: Double
+    public var backlog: Int
+
+    public init(maxHeaderBytes: Int = 16 << 10, maxBodyBytes: Int = 1 << 20, timeout: Double = 60, backlog: Int = 4096)
+    {
+      self.maxHeaderBytes = maxHeaderBytes
+      self.maxBodyBytes = maxBodyBytes
+      self.timeout = timeout
+      self.backlog = backlog
+    }
+  }
+
+  public let loop: EventLoop
+  private var http: OpaquePointer?
+  private var boundSocket: OpaquePointer?
+  private let handler: (HTTPRequest) -> Void
+  /// `host:port` once started.
+  public private(set) var address = ""
+  public private(set) var port = 0
+
+  public init(loop: EventLoop, handler: @escaping (HTTPRequest) -> Void) {
+    self.loop = loop
+    self.handler = handler
+  }
+
+  deinit {
+    if let http { evhttp_free(http) }
+  }
+
+  /// Binds and starts accepting.
+  public func start(host: String, port: Int, limits: Limits) throws(ServerError) {
+    try start(socket: ListeningSocket.bind(host: host, port: port, backlog: limits.backlog), limits: limits)
+  }
+
+  /// Starts accepting on a socket bound beforehand (it is closed with the listener).
+  public func start(socket: ListeningSocket, limits: Limits) throws(ServerError) {
+    guard let http = evhttp_new(loop.base) else {
+      Glibc.close(socket.fd)
+      throw ServerError.libevent("evhttp_new")
+    }
+    evhttp_set_max_headers_size(http, limits.maxHeaderBytes)
+    evhttp_set_max_body_size(http, limits.maxBodyBytes)
+    var timeout = timeval(seconds: limits.timeout)
+    evhttp_set_timeout_tv(http, &timeout)
+    // Every method reaches the handler, which answers 405 itself (evhttp would answer 501).
+    let everyMethod =
+      EVHTTP_REQ_GET.rawValue | EVHTTP_REQ_POST.rawValue | EVHTTP_REQ_HEAD.rawValue | EVHTTP_REQ_PUT.rawValue
+      | EVHTTP_REQ_DELETE.rawValue | EVHTTP_REQ_OPTIONS.rawValue | EVHTTP_REQ_TRACE.rawValue
+      | EVHTTP_REQ_CONNECT.rawValue | EVHTTP_REQ_PATCH.rawValue
+    evhttp_set_allowed_methods(http, UInt16(everyMethod))
+    // Unretained: evhttp (and so this callback) is freed in stopAccepting/deinit, before self goes away.
+    evhttp_set_gencb(http, httpListenerRequest, Unmanaged.passUnretained(self).toOpaque())
+    guard let bound = evhttp_accept_socket_with_handle(http, socket.fd) else {
+      evhttp_free(http)
+      Glibc.close(socket.fd)
+      throw ServerError.libevent("evhttp_accept_socket_with_handle")
+    }
+    self.http = http
+    self.boundSocket = bound
+    self.address = socket.address
+    self.port = socket.port
+  }
+
+  /// Closes the listening socket; connections already accepted go on.
+  public func stopAccepting() {
+    if let http, let boundSocket {
+      evhttp_del_accept_socket(http, boundSocket)
+      self.boundSocket = nil
+    }
+  }
+
+  /// Frees the server and every connection it still has.
+  public func close() {
+    stopAccepting()
+    if let http { evhttp_free(http) }
+    http = nil
+  }
+
+  fileprivate func dispatch(_ request: HTTPRequest) { handler(request) }
+}
+
+private let httpListenerRequest: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = {
+  request, context in
+  guard let request, let context else { return }
+  Unmanaged<HTTPListener>.fromOpaque(context).takeUnretainedValue().dispatch(HTTPRequest(raw: request))
+}

@@ -1,0 +1,97 @@
+/// Why an upstream call failed. Every failure of the transport, the HTTP exchange or the body's shape maps to
+/// one of these kinds; `message` says what happened, `cause` carries the underlying library's words.
+public struct UpstreamError: Error, CustomStringConvertible, Sendable, Equatable {
+  public enum Kind: Sendable, Equatable {
+    /// Could not connect, connection reset, TLS failure, …
+    case transport
+    /// The request did not complete within its deadline.
+    case timeout
+    /// The server answered with a status that is not success.
+    case status(Int)
+    /// The body is not what the API promises (not JSON, wrong shape, too large).
+    case decoding
+    /// The session token was refused (401): start a new session.
+    case sessionExpired
+    /// The request was cancelled by a stop or restart; not a failure.
+    case cancelled
+  }
+
+  public var kind: Kind
+  public var message: String
+  public var cause: String?
+
+  public init(_ kind: Kind, _ message: String, cause: String? = nil) {
+    self.kind = kind
+    self.message = message
+    self.cause = cause
+  }
+
+  public var description: String {
+    cause.map { "\(message): \($0)" } ?? message
+  }
+
+  /// The outcome label used in metrics and logs.
+  public var outcome: String {
+    switch kind {
+    case .transport: "transport_error"
+    case .timeout: "timeout"
+    case .status: "http_error"
+    case .decoding: "decoding_error"
+    case .sessionExpired: "session_expired"
+    case .cancelled: "cancelled"
+    }
+  }
+}
+
+/// One HTTP request to the legacy API.
+public struct UpstreamRequest: Sendable {
+  public enum Authentication: Sendable { case none, apiKey }
+
+  public var method: String
+  public var url: String
+  public var headers: [(String, String)]
+  public var body: [UInt8]?
+  /// Total deadline in seconds (for a poll: the server's hold time plus a margin).
+  public var timeout: Double
+  public var connectTimeout: Double
+  /// What the auth interceptor adds.
+  public var authentication: Authentication
+  /// Short name for logs and metrics: `session`, `last`, `poll`.
+  public var label: String
+
+  public init(
+    method: String = "GET", url: String, headers: [(String, String)] = [], body: [UInt8]? = nil, timeout: Double = 10,
+    connectTimeout: Double = 5, authentication: Authentication = .none, label: String
+  ) {
+    self.method = method
+    self.url = url
+    self.headers = headers
+    self.body = body
+    self.timeout = timeout
+    self.connectTimeout = connectTimeout
+    self.authentication = authentication
+    self.label = label
+  }
+}
+
+/// A completed HTTP exchange (any status).
+public struct UpstreamResponse: Sendable {
+  public var status: Int
+  public var body: [UInt8]
+  /// Seconds from start to completion.
+  public var duration: Double
+
+  public init(status: Int, body: [UInt8], duration: Double) {
+    self.status = status
+    self.body = body
+    self.duration = duration
+  }
+
+  /// The body as text; a body that is not UTF-8 is a decoding error.
+  public func text() throws(UpstreamError) -> String {
+    guard let text = String(validating: body, as: UTF8.self) else {
+      throw UpstreamError(.decoding, "response body is not valid UTF-8")
+    }
+    return text
+  }
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Pollcast builds, runs and tests with. Needs root (or sudo) and apt.
+set -euo pipefail
+packages=(libevent-dev libcurl4-openssl-dev pkg-config curl ca-certificates)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y --no-install-recommends "${missing[@]}"
+fi

@@ -54,6 +54,8 @@ public actor LegacyFixture {
   var faults: [FixtureFault] = []
   var stats = Stats()
   var connections: [OpaquePointer: ConnectionWatch] = [:]
+  private var chatter: LoopTimer?
+  private var chatterCount = 0
 
   struct Session {
     let userID: String
@@ -89,6 +91,7 @@ public actor LegacyFixture {
 
   /// Stops the server and its loop thread.
   public func shutdown() async {
+    chatter = nil
     for poll in pending.values { poll.timer = nil }
     pending.removeAll()
     listener?.close()
@@ -98,6 +101,21 @@ public actor LegacyFixture {
   }
 
   // MARK: In-process control (the same operations as the control API)
+
+  /// Appends a message every `seconds`, alternating between the primary and the linked account (demos).
+  public func startChatter(every seconds: Double) {
+    let timer = LoopTimer(loop: loop, repeating: true) { [unowned self] in
+      self.assumeIsolated { fixture in
+        fixture.chatterCount += 1
+        let users = fixture.sessionUsers()
+        let user = users[fixture.chatterCount % users.count]
+        let speaker = ["alice", "bob", "carol"][fixture.chatterCount % 3]
+        fixture.append(user: user, texts: ["demo message \(fixture.chatterCount)"], from: speaker)
+      }
+    }
+    timer.schedule(after: seconds)
+    chatter = timer
+  }
 
   /// Appends messages for `user`; returns their ids. Pending polls waiting on that user are answered.
   @discardableResult

@@ -30,7 +30,45 @@ extension Configuration {
       "ring.max_age_seconds", \.ring.maxAgeSeconds, "Oldest age of an event kept for resume; 0 disables the age bound."),
     .string("log.level", \.log.level, "trace, debug, info, notice, warning, error or critical."),
     .string("log.format", \.log.format, "logfmt or json."),
-    .string("upstream.url", \.upstream.url, "Base URL of the legacy long-poll API."),
-    .string("upstream.api_key", \.upstream.apiKey, "API key for the legacy API's session call (never logged)."),
+    .string(
+      "upstream.adapter", \.upstream.adapter,
+      "chat (the session/last/poll API) or generic (any single-stream long-poll API)."),
+    .string("upstream.url", \.upstream.url, "Base URL of the legacy chat API, e.g. https://legacy.example.com."),
+    .string("upstream.api_key", \.upstream.apiKey, "API key for the chat API's session call (never logged)."),
+    .double(
+      "upstream.poll_timeout_seconds", \.upstream.pollTimeoutSeconds, "How long the chat API holds a poll (timeout=)."),
+    .double(
+      "upstream.request_margin_seconds", \.upstream.requestMarginSeconds,
+      "Added to the hold for a poll's client-side deadline."),
+    .double(
+      "upstream.request_timeout_seconds", \.upstream.requestTimeoutSeconds,
+      "Deadline of the session and last-ids calls."),
+    .double(
+      "upstream.connect_timeout_seconds", \.upstream.connectTimeoutSeconds, "Deadline for connecting to the upstream."),
+    .double(
+      "upstream.backoff_base_seconds", \.upstream.backoffBaseSeconds,
+      "Full-jitter backoff: first ceiling (doubles per failure)."),
+    .double("upstream.backoff_cap_seconds", \.upstream.backoffCapSeconds, "Full-jitter backoff: largest ceiling."),
+    .string(
+      "upstream.start_from", \.upstream.startFrom,
+      "First start: latest (only new messages) or earliest (everything, as backlog)."),
+    .double(
+      "upstream.idle_after_seconds", \.upstream.idleAfterSeconds,
+      "Stop polling after this long without subscribers; 0 never idles."),
+    .double(
+      "upstream.ready_window_seconds", \.upstream.readyWindowSeconds,
+      "/readyz wants a poll completed within this window."),
+    .int("upstream.max_body_bytes", \.upstream.maxBodyBytes, "Largest upstream response accepted."),
+    .string(
+      "generic.url_template", \.generic.urlTemplate, "Poll URL with {cursor} (last id seen) and {next} (last id + 1)."),
+    .string(
+      "generic.events_pointer", \.generic.eventsPointer,
+      "RFC 6901 pointer to the events array; empty with a non-array body: the body is one event."),
+    .string(
+      "generic.id_pointer", \.generic.idPointer,
+      "RFC 6901 pointer to an event's id (an unsigned integer) inside the event."),
+    .list("generic.headers", \.generic.headers, "Static request headers, \"Name: value\" (values never logged)."),
+    .string("generic.stream", \.generic.stream, "Stream name the generic adapter's events carry."),
+    .double("generic.timeout_seconds", \.generic.timeoutSeconds, "Client-side deadline of one generic poll."),
   ]
 }

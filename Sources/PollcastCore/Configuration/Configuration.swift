@@ -65,12 +65,51 @@ public struct Configuration: Codable, Sendable, Equatable {
   }
 
   public struct Upstream: Codable, Sendable, Equatable {
+    public var adapter = "chat"
     public var url = ""
     public var apiKey = ""
+    public var pollTimeoutSeconds = 25.0
+    public var requestMarginSeconds = 10.0
+    public var requestTimeoutSeconds = 10.0
+    public var connectTimeoutSeconds = 5.0
+    public var backoffBaseSeconds = 2.0
+    public var backoffCapSeconds = 30.0
+    public var startFrom = "latest"
+    /// 0 never idles.
+    public var idleAfterSeconds = 0.0
+    public var readyWindowSeconds = 60.0
+    public var maxBodyBytes = 16 << 20
 
     enum CodingKeys: String, CodingKey {
-      case url
+      case adapter, url
       case apiKey = "api_key"
+      case pollTimeoutSeconds = "poll_timeout_seconds"
+      case requestMarginSeconds = "request_margin_seconds"
+      case requestTimeoutSeconds = "request_timeout_seconds"
+      case connectTimeoutSeconds = "connect_timeout_seconds"
+      case backoffBaseSeconds = "backoff_base_seconds"
+      case backoffCapSeconds = "backoff_cap_seconds"
+      case startFrom = "start_from"
+      case idleAfterSeconds = "idle_after_seconds"
+      case readyWindowSeconds = "ready_window_seconds"
+      case maxBodyBytes = "max_body_bytes"
+    }
+  }
+
+  public struct Generic: Codable, Sendable, Equatable {
+    public var urlTemplate = ""
+    public var eventsPointer = ""
+    public var idPointer = "/id"
+    public var headers: [String] = []
+    public var stream = "default"
+    public var timeoutSeconds = 60.0
+
+    enum CodingKeys: String, CodingKey {
+      case headers, stream
+      case urlTemplate = "url_template"
+      case eventsPointer = "events_pointer"
+      case idPointer = "id_pointer"
+      case timeoutSeconds = "timeout_seconds"
     }
   }
 
@@ -80,6 +119,7 @@ public struct Configuration: Codable, Sendable, Equatable {
   public var ring = Ring()
   public var log = Log()
   public var upstream = Upstream()
+  public var generic = Generic()
 
   public init() {}
 }
@@ -155,10 +195,101 @@ extension Configuration {
     if Logger.Format(rawValue: log.format) == nil {
       problems.append("log.format: \"\(log.format)\" is not logfmt or json")
     }
-    if !upstream.url.isEmpty && !(upstream.url.hasPrefix("http://") || upstream.url.hasPrefix("https://")) {
-      problems.append("upstream.url: \"\(upstream.url)\" must start with http:// or https://")
-    }
+    problems += upstreamProblems()
     return problems
+  }
+}
+
+extension Configuration {
+  /// Whether an upstream is configured (the relay can also run with only in-process sources).
+  public var hasUpstream: Bool {
+    upstream.adapter == "generic" ? !generic.urlTemplate.isEmpty : !upstream.url.isEmpty
+  }
+
+  func upstreamProblems() -> [String] {
+    var problems: [String] = []
+    func isHTTP(_ url: String) -> Bool { url.hasPrefix("http://") || url.hasPrefix("https://") }
+    switch upstream.adapter {
+    case "chat":
+      if !upstream.url.isEmpty && !isHTTP(upstream.url) {
+        problems.append("upstream.url: \"\(upstream.url)\" must start with http:// or https://")
+      }
+    case "generic":
+      if !generic.urlTemplate.isEmpty && !isHTTP(generic.urlTemplate) {
+        problems.append("generic.url_template: \"\(generic.urlTemplate)\" must start with http:// or https://")
+      }
+      for (key, pointer) in [
+        ("generic.events_pointer", generic.eventsPointer), ("generic.id_pointer", generic.idPointer),
+      ]
+      where !pointer.isEmpty && !pointer.hasPrefix("/") {
+        problems.append("\(key): \"\(pointer)\" is not an RFC 6901 pointer (empty, or starting with /)")
+      }
+      for header in generic.headers where !header.contains(":") {
+        problems.append("generic.headers: \"\(header.prefix(40))\" is not \"Name: value\"")
+      }
+      if generic.stream.isEmpty { problems.append("generic.stream: must not be empty") }
+      if !(generic.timeoutSeconds > 0) { problems.append("generic.timeout_seconds: must be greater than 0") }
+    default:
+      problems.append("upstream.adapter: \"\(upstream.adapter)\" is not chat or generic")
+    }
+    if UpstreamWorker.StartFrom(rawValue: upstream.startFrom) == nil {
+      problems.append("upstream.start_from: \"\(upstream.startFrom)\" is not latest or earliest")
+    }
+    for (key, value) in [
+      ("upstream.poll_timeout_seconds", upstream.pollTimeoutSeconds),
+      ("upstream.request_timeout_seconds", upstream.requestTimeoutSeconds),
+      ("upstream.connect_timeout_seconds", upstream.connectTimeoutSeconds),
+      ("upstream.backoff_cap_seconds", upstream.backoffCapSeconds),
+      ("upstream.ready_window_seconds", upstream.readyWindowSeconds),
+    ] where !(value > 0) {
+      problems.append("\(key): must be greater than 0")
+    }
+    for (key, value) in [
+      ("upstream.request_margin_seconds", upstream.requestMarginSeconds),
+      ("upstream.backoff_base_seconds", upstream.backoffBaseSeconds),
+      ("upstream.idle_after_seconds", upstream.idleAfterSeconds),
+    ] where !(value >= 0) {
+      problems.append("\(key): must not be negative")
+    }
+    if upstream.backoffBaseSeconds > upstream.backoffCapSeconds {
+      problems.append("upstream.backoff_base_seconds: must not exceed upstream.backoff_cap_seconds")
+    }
+    if upstream.maxBodyBytes <= 0 { problems.append("upstream.max_body_bytes: must be greater than 0") }
+    return problems
+  }
+
+  public var workerSettings: UpstreamWorker.Settings {
+    var settings = UpstreamWorker.Settings()
+    settings.startFrom = UpstreamWorker.StartFrom(rawValue: upstream.startFrom) ?? .latest
+    settings.backoff = Backoff(base: upstream.backoffBaseSeconds, cap: upstream.backoffCapSeconds)
+    settings.idleAfter = upstream.idleAfterSeconds > 0 ? upstream.idleAfterSeconds : nil
+    settings.readyWindow = upstream.readyWindowSeconds
+    return settings
+  }
+
+  /// The adapter this configuration names.
+  public func makeAdapter() -> UpstreamAdapter {
+    if upstream.adapter == "generic" {
+      return GenericAdapter(
+        settings: .init(
+          urlTemplate: generic.urlTemplate, eventsPointer: generic.eventsPointer, idPointer: generic.idPointer,
+          headers: generic.headers, stream: generic.stream, timeout: generic.timeoutSeconds,
+          connectTimeout: upstream.connectTimeoutSeconds))
+    }
+    return ChatAdapter(
+      baseURL: upstream.url, holdSeconds: upstream.pollTimeoutSeconds, marginSeconds: upstream.requestMarginSeconds,
+      requestTimeout: upstream.requestTimeoutSeconds, connectTimeout: upstream.connectTimeoutSeconds)
+  }
+
+  /// This configuration with secrets replaced, for `--print-config` and logs.
+  public var redacted: Configuration {
+    var copy = self
+    if !copy.upstream.apiKey.isEmpty { copy.upstream.apiKey = "[redacted]" }
+    copy.generic.headers = copy.generic.headers.map { header in
+      guard let colon = header.firstIndex(of: ":") else { return header }
+      return String(header[...colon]) + " [redacted]"
+    }
+    return copy
   }
 }
 

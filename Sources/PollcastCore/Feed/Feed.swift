@@ -20,6 +20,7 @@ public actor Feed {
   private var heartbeatTimer: LoopTimer?
   private let heartbeatBytes = ByteSlice(SSEEncoder.comment("heartbeat"))
   private let preamble: ByteSlice
+  private var subscriberObservers: [(Int) -> Void] = []
 
   public init(loop: EventLoop, settings: FeedSettings, ids: EventIDAllocator = EventIDAllocator()) {
     self.loop = loop
@@ -29,6 +30,17 @@ public actor Feed {
     self.preamble = ByteSlice(
       SSEEncoder.comment("pollcast \(PollcastVersion.current)")
         + SSEEncoder.retry(milliseconds: settings.retryMilliseconds))
+  }
+
+  /// Calls `observer` (on the loop) with the number of connected subscribers whenever it changes.
+  public func observeSubscribers(_ observer: @escaping @Sendable (Int) -> Void) {
+    subscriberObservers.append(observer)
+  }
+
+  public var subscriberCount: Int { subscribers.count }
+
+  private func subscribersChanged() {
+    for observer in subscriberObservers { observer(subscribers.count) }
   }
 
   /// The id of the newest event (one below the first id while none was published).
@@ -182,6 +194,7 @@ public actor Feed {
     stats.bytesQueued += opening.reduce(0) { $0 + $1.count }
     subscriber.sink.write(opening)
     if subscriber.mode == .replaying { pump(subscriber) }
+    subscribersChanged()
     return subscriber
   }
 
@@ -203,6 +216,7 @@ public actor Feed {
     subscribers.removeLast()
     subscriber.registryIndex = -1
     stats.subscribersConnected -= 1
+    subscribersChanged()
   }
 
   /// Queues the next part of a catching-up subscriber's replay; when it reaches the head it goes live.

@@ -1,6 +1,6 @@
 /// Prometheus text exposition of the relay's counters.
 public enum Metrics {
-  public static func render(_ stats: FeedStatistics) -> String {
+  public static func render(_ stats: FeedStatistics, upstream: UpstreamStatistics? = nil) -> String {
     var out = ""
     func metric(_ name: String, _ type: String, _ help: String, _ samples: [(labels: String, value: String)]) {
       out += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
@@ -30,6 +30,55 @@ public enum Metrics {
     one("pollcast_ring_bytes", "gauge", "Encoded bytes held in the replay ring.", stats.ringBytes)
     one("pollcast_ring_evicted_total", "counter", "Events evicted from the replay ring.", stats.ringEvicted)
     metric("pollcast_head_id", "gauge", "Id of the newest event.", [("", String(stats.headID))])
+    guard let upstream else { return out }
+    metric(
+      "pollcast_upstream_polls_total", "counter", "Upstream polls by outcome.",
+      upstream.pollsByOutcome.keys.sorted().map { ("{outcome=\"\($0)\"}", String(upstream.pollsByOutcome[$0]!)) })
+    one(
+      "pollcast_upstream_polls_in_flight", "gauge", "Upstream polls in flight (never above 1).", upstream.pollsInFlight)
+    one(
+      "pollcast_upstream_polls_in_flight_max", "gauge", "Most upstream polls ever in flight at once.",
+      upstream.maxPollsInFlight)
+    one(
+      "pollcast_upstream_requests_in_flight", "gauge", "Upstream HTTP requests in flight.", upstream.transportInFlight)
+    one("pollcast_upstream_sessions_started_total", "counter", "Upstream sessions started.", upstream.sessionsStarted)
+    one(
+      "pollcast_upstream_session_established", "gauge", "1 while an upstream session exists.",
+      upstream.hasSession ? 1 : 0)
+    one("pollcast_upstream_messages_relayed_total", "counter", "Upstream messages relayed.", upstream.messagesRelayed)
+    one(
+      "pollcast_upstream_backlog_messages_total", "counter", "Messages relayed with backlog: true.",
+      upstream.backlogMessages)
+    one(
+      "pollcast_upstream_duplicates_dropped_total", "counter", "Messages at or below the cursor, dropped.",
+      upstream.duplicatesDropped)
+    one(
+      "pollcast_upstream_unknown_streams_total", "counter", "Answer keys that are not a known stream.",
+      upstream.unknownStreams)
+    one(
+      "pollcast_upstream_rejected_messages_total", "counter", "Messages without a usable id, logged and skipped.",
+      upstream.rejectedMessages)
+    one(
+      "pollcast_upstream_backoff_attempt", "gauge", "Consecutive upstream failures (0 when healthy).",
+      upstream.backoffAttempt)
+    metric(
+      "pollcast_upstream_backoff_next_delay_seconds", "gauge", "The delay drawn before the next retry.",
+      [("", String(upstream.nextRetryDelay))])
+    metric(
+      "pollcast_upstream_cursor", "gauge", "The relay's cursor per upstream stream.",
+      upstream.cursors.keys.sorted().map { ("{stream=\(JSONText.quoted($0))}", String(upstream.cursors[$0]!)) })
+    metric(
+      "pollcast_upstream_state", "gauge", "1 for the worker's current state.",
+      UpstreamWorker.State.allCases.map { ("{state=\"\($0.rawValue)\"}", upstream.state == $0.rawValue ? "1" : "0") })
+    let histogram = upstream.pollDurations
+    out += "# HELP pollcast_upstream_poll_duration_seconds Duration of completed upstream polls.\n"
+    out += "# TYPE pollcast_upstream_poll_duration_seconds histogram\n"
+    for (index, bound) in histogram.bounds.enumerated() {
+      out += "pollcast_upstream_poll_duration_seconds_bucket{le=\"\(bound)\"} \(histogram.counts[index])\n"
+    }
+    out += "pollcast_upstream_poll_duration_seconds_bucket{le=\"+Inf\"} \(histogram.count)\n"
+    out += "pollcast_upstream_poll_duration_seconds_sum \(histogram.sum)\n"
+    out += "pollcast_upstream_poll_duration_seconds_count \(histogram.count)\n"
     return out
   }
 }

@@ -6,7 +6,23 @@ public enum PollcastCommand {
   public static let exitConfig: Int32 = 78
   public static let exitUnavailable: Int32 = 69
 
-  public static func run(arguments: [String], environment: [String: String]) async -> Int32 {
+  /// What `--demo` runs against: started on demand, stopped at exit.
+  public struct DemoUpstream: Sendable {
+    public var url: String
+    public var apiKey: String
+    public var stop: @Sendable () async -> Void
+
+    public init(url: String, apiKey: String, stop: @escaping @Sendable () async -> Void) {
+      self.url = url
+      self.apiKey = apiKey
+      self.stop = stop
+    }
+  }
+
+  public static func run(
+    arguments: [String], environment: [String: String],
+    demo startDemo: (@Sendable () async throws -> DemoUpstream)? = nil
+  ) async -> Int32 {
     let options: CommandLineOptions
     do {
       options = try CommandLineOptions.parse(arguments)
@@ -35,11 +51,17 @@ public enum PollcastCommand {
       }
       fileText = String(decoding: data, as: UTF8.self)
     }
-    let configuration: Configuration
-    do {
+    var configuration: Configuration
+    do throws(ConfigurationError) {
       configuration = try ConfigurationLoader().load(
         fileText: fileText, fileName: configPath ?? "config", environment: environment,
         overrides: options.overrides.map { ($0.key, $0.value) })
+      if !options.demo && !options.printConfig && !configuration.hasUpstream {
+        throw ConfigurationError(
+          configuration.upstream.adapter == "generic"
+            ? "generic.url_template is required for the generic adapter"
+            : "upstream.url is required (--upstream-url URL), or run --demo against the embedded fixture")
+      }
     } catch {
       printError("Error: invalid configuration:\n" + error.problems.map { "  - \($0)" }.joined(separator: "\n") + "\n")
       return exitConfig
@@ -47,31 +69,44 @@ public enum PollcastCommand {
     if options.printConfig {
       let encoder = JSONEncoder()
       encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-      print(String(decoding: (try? encoder.encode(configuration)) ?? Data(), as: UTF8.self))
+      print(String(decoding: (try? encoder.encode(configuration.redacted)) ?? Data(), as: UTF8.self))
       return 0
     }
     let logger = configuration.logger
+    var demo: DemoUpstream?
+    if options.demo {
+      guard let startDemo else {
+        printError("Error: --demo is not available in this build\n")
+        return exitUsage
+      }
+      do {
+        let upstream = try await startDemo()
+        configuration.upstream.adapter = "chat"
+        configuration.upstream.url = upstream.url
+        configuration.upstream.apiKey = upstream.apiKey
+        demo = upstream
+        logger.info("demo: embedded legacy fixture started", metadata: ["upstream.url": upstream.url])
+      } catch {
+        logger.error("demo: cannot start the embedded fixture", metadata: ["error": "\(error)"])
+        return exitUnavailable
+      }
+    }
     let relay: Relay
     do {
       relay = try await Relay.start(configuration: configuration)
     } catch {
       logger.error("cannot start", metadata: ["error": "\(error)"])
+      await demo?.stop()
       return exitUnavailable
     }
     print("listening on \(relay.address)")
     fflush(nil)
     logger.info("listening", metadata: ["address": relay.address, "version": PollcastVersion.current])
-    var demo: DemoSource?
-    if options.demo {
-      let source = DemoSource(feed: relay.feed)
-      await source.start()
-      demo = source
-      logger.info("demo source started: open http://\(relay.address)/events")
-    }
+    if demo != nil { logger.info("demo running: curl -N http://\(relay.address)/events") }
     let signal = await SignalWaiter.wait(loop: relay.loop, signals: [SIGTERM, SIGINT])
     logger.info("shutting down", metadata: ["signal": "\(signal)"])
-    await demo?.stop()
     await relay.shutdown(deadline: 5)
+    await demo?.stop()
     logger.info("stopped")
     return 0
   }

@@ -1,59 +1,122 @@
 import Foundation
 
-/// The assembled relay: the event loop, the feed and the SSE server, started and stopped in the right order.
+/// The assembled relay: the event loop, the feed, the SSE server and the upstream worker, started and stopped
+/// in the right order.
 public final class Relay: Sendable {
   public let loop: EventLoop
   public let feed: Feed
   public let server: SSEServer
+  public let worker: UpstreamWorker?
   /// `host:port` the server listens on.
   public let address: String
   public let logger: Logger
 
-  private init(loop: EventLoop, feed: Feed, server: SSEServer, address: String, logger: Logger) {
+  /// What the upstream side needs.
+  public struct Upstream: Sendable {
+    public var adapter: UpstreamAdapter
+    public var settings: UpstreamWorker.Settings
+    public var apiKey: String
+    public var maxBodyBytes: Int
+    /// Seed for the backoff's jitter (tests); nil draws one.
+    public var seed: UInt64?
+
+    public init(
+      adapter: UpstreamAdapter, settings: UpstreamWorker.Settings = .init(), apiKey: String = "",
+      maxBodyBytes: Int = 16 << 20, seed: UInt64? = nil
+    ) {
+      self.adapter = adapter
+      self.settings = settings
+      self.apiKey = apiKey
+      self.maxBodyBytes = maxBodyBytes
+      self.seed = seed
+    }
+  }
+
+  private init(
+    loop: EventLoop, feed: Feed, server: SSEServer, worker: UpstreamWorker?, address: String, logger: Logger
+  ) {
     self.loop = loop
     self.feed = feed
     self.server = server
+    self.worker = worker
     self.address = address
     self.logger = logger
   }
 
-  /// Starts a loop thread, the feed and the server. Throws if the address cannot be bound.
+  /// Starts a loop thread, the feed, the server and (when given) the upstream worker.
   public static func start(
     server serverSettings: ServerSettings, feed feedSettings: FeedSettings, logger: Logger,
-    ids: EventIDAllocator = EventIDAllocator()
+    ids: EventIDAllocator = EventIDAllocator(), upstream: Upstream? = nil
   ) async throws -> Relay {
     let loop = try EventLoop()
     loop.start()
     let feed = Feed(loop: loop, settings: feedSettings, ids: ids)
     await feed.start()
+    var worker: UpstreamWorker?
+    if let upstream {
+      worker = try await makeWorker(loop: loop, feed: feed, upstream: upstream, logger: logger)
+    }
     let server = SSEServer(loop: loop, feed: feed, settings: serverSettings, logger: logger)
     await server.addRoute("/healthz", .init { (200, "application/json", "{\"status\":\"ok\"}\n") })
     await server.addRoute(
+      "/readyz",
+      .init { [worker] in
+        let (ready, reason) = worker?.assumeIsolated { $0.readiness() } ?? (true, "no upstream configured")
+        let body = JSONText.object(["ready": ready ? "true" : "false", "reason": JSONText.quoted(reason)]) + "\n"
+        return (ready ? 200 : 503, "application/json", body)
+      })
+    await server.addRoute(
       "/metrics",
-      .init { [feed] in
+      .init { [feed, worker] in
         let stats = feed.assumeIsolated { $0.statistics() }
-        return (200, "text/plain; version=0.0.4; charset=utf-8", Metrics.render(stats))
+        let upstream = worker?.assumeIsolated { $0.snapshot() }
+        return (200, "text/plain; version=0.0.4; charset=utf-8", Metrics.render(stats, upstream: upstream))
       })
     let address: String
     do {
       address = try await server.start()
     } catch {
+      await worker?.stop()
       loop.stop()
       throw error
     }
-    return Relay(loop: loop, feed: feed, server: server, address: address, logger: logger)
+    await worker?.start()
+    return Relay(loop: loop, feed: feed, server: server, worker: worker, address: address, logger: logger)
+  }
+
+  private static func makeWorker(loop: EventLoop, feed: Feed, upstream: Upstream, logger: Logger) async throws
+    -> UpstreamWorker
+  {
+    let transport = try await loop.submit { () throws(UpstreamError) -> CurlTransport in
+      let transport = try CurlTransport(loop: loop)
+      transport.maxBodyBytes = upstream.maxBodyBytes
+      return transport
+    }
+    let client = UpstreamClient(
+      transport: transport,
+      interceptors: [AuthInterceptor(apiKey: upstream.apiKey), LoggingInterceptor(logger: logger)])
+    return UpstreamWorker(
+      loop: loop, feed: feed, client: client, adapter: upstream.adapter, settings: upstream.settings, logger: logger,
+      random: SeededRandom(seed: upstream.seed ?? UInt64.random(in: 0...UInt64.max)))
   }
 
   public static func start(configuration: Configuration) async throws -> Relay {
-    try await start(
-      server: configuration.serverSettings, feed: configuration.feedSettings, logger: configuration.logger)
+    let upstream =
+      configuration.hasUpstream
+      ? Upstream(
+        adapter: configuration.makeAdapter(), settings: configuration.workerSettings,
+        apiKey: configuration.upstream.apiKey, maxBodyBytes: configuration.upstream.maxBodyBytes) : nil
+    return try await start(
+      server: configuration.serverSettings, feed: configuration.feedSettings, logger: configuration.logger,
+      upstream: upstream)
   }
 
   /// The port the server listens on.
   public var port: Int { Int(address.split(separator: ":").last!)! }
 
-  /// Stops accepting, ends every stream, stops the loop. Idempotent.
+  /// Stops the upstream worker, stops accepting, ends every stream, stops the loop. Idempotent.
   public func shutdown(deadline: Double = 5) async {
+    await worker?.stop()
     await server.shutdown(deadline: deadline)
     loop.stop()
   }

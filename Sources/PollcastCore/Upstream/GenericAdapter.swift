@@ -1,0 +1,97 @@
+import Foundation
+
+/// Any single-stream long-poll API: a URL template with `{cursor}` (last id seen) and `{next}` (last id + 1),
+/// an RFC 6901 pointer to the events array (or `""` with a non-array body: the whole body is one event), a
+/// pointer to each event's id, and static headers. No session step.
+public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-confined
+  public let name = "generic"
+  public struct Settings: Sendable, Equatable {
+    public var urlTemplate: String
+    public var eventsPointer: String
+    public var idPointer: String
+    public var headers: [String]
+    public var stream: String
+    /// Client-side deadline of one poll.
+    public var timeout: Double
+    public var connectTimeout: Double
+
+    public init(
+      urlTemplate: String, eventsPointer: String = "", idPointer: String = "/id", headers: [String] = [],
+      stream: String = "default", timeout: Double = 60, connectTimeout: Double = 5
+    ) {
+      self.urlTemplate = urlTemplate
+      self.eventsPointer = eventsPointer
+      self.idPointer = idPointer
+      self.headers = headers
+      self.stream = stream
+      self.timeout = timeout
+      self.connectTimeout = connectTimeout
+    }
+  }
+
+  let settings: Settings
+
+  public init(settings: Settings) { self.settings = settings }
+
+  public var hasSession: Bool { true }
+  public func invalidateSession() {}
+
+  public func prepare(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
+    async throws(UpstreamError) -> UpstreamPreparation
+  {
+    UpstreamPreparation(streams: [settings.stream], lastIDs: nil)
+  }
+
+  public func poll(
+    _ client: UpstreamClient, cursors: [String: UInt64], isolation: isolated (any Actor)? = #isolation
+  ) async throws(UpstreamError) -> UpstreamPollAnswer {
+    let cursor = cursors[settings.stream] ?? 0
+    let url = settings.urlTemplate.replacingOccurrences(of: "{cursor}", with: String(cursor))
+      .replacingOccurrences(of: "{next}", with: String(cursor &+ 1))
+    let headers = settings.headers.compactMap { line -> (String, String)? in
+      guard let colon = line.firstIndex(of: ":") else { return nil }
+      return (
+        String(line[..<colon]).trimmingCharacters(in: .whitespaces),
+        String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
+      )
+    }
+    let response = try await client.send(
+      UpstreamRequest(
+        url: url, headers: headers, timeout: settings.timeout, connectTimeout: settings.connectTimeout, label: "poll"))
+    if response.status == 204
+      || (response.status == 200 && response.body.allSatisfy { $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 })
+    {
+      return UpstreamPollAnswer(batches: [(settings.stream, [])])
+    }
+    try response.requireOK("poll", sessionOn401: false)
+    return try GenericAdapter.parse(try response.json("poll"), settings: settings)
+  }
+
+  static func parse(_ json: RawJSON, settings: Settings) throws(UpstreamError) -> UpstreamPollAnswer {
+    guard let target = json.resolve(pointer: settings.eventsPointer) else {
+      throw UpstreamError(.decoding, "events pointer \"\(settings.eventsPointer)\" names nothing in the answer")
+    }
+    let events: [RawJSON]
+    switch target.value {
+    case .array(let elements): events = elements
+    case .null where !settings.eventsPointer.isEmpty: events = []
+    default:
+      guard settings.eventsPointer.isEmpty else {
+        throw UpstreamError(.decoding, "events pointer \"\(settings.eventsPointer)\" does not name an array")
+      }
+      events = [target]
+    }
+    var answer = UpstreamPollAnswer(batches: [])
+    var messages: [UpstreamMessage] = []
+    for event in events {
+      guard let id = event.resolve(pointer: settings.idPointer)?.unsignedID else {
+        answer.rejected.append(
+          "event without an unsigned integer id at \"\(settings.idPointer)\": \(event.rawText.prefix(120))")
+        continue
+      }
+      messages.append(UpstreamMessage(id: id, raw: event.rawText))
+    }
+    answer.batches.append((settings.stream, messages))
+    return answer
+  }
+}

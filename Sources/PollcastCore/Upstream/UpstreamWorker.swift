@@ -1,0 +1,406 @@
+import Foundation
+
+/// Runs the long-poll loop against the legacy API and publishes what it receives into the feed.
+///
+/// The rules come from the long-poll client article (seed 000):
+/// - one cycle at a time: session → cursor sync → poll → poll → …; every (re)start bumps `generation`, cancels the
+///   cycle's task (and with it the request in flight or the pending retry), and every completion checks its
+///   generation before touching state, so a stale answer is a no-op;
+/// - exactly one poll in flight, checked and exported;
+/// - failures back off with full jitter, reset by a success; a 401 starts a new session at once, an empty poll
+///   that ran to its timeout is re-issued at once;
+/// - a stream's cursor advances only once its messages are in the feed; anything at or below it is a duplicate;
+/// - messages up to the server's newest id at a (re)start are backlog (`backlog: true`).
+public actor UpstreamWorker {
+  public enum StartFrom: String, Sendable, CaseIterable { case latest, earliest }
+
+  public struct Settings: Sendable {
+    public var startFrom: StartFrom = .latest
+    public var backoff = Backoff()
+    /// Stop polling after this long with no subscriber (nil: never).
+    public var idleAfter: Double?
+    /// `/readyz` wants a poll completed within this many seconds.
+    public var readyWindow: Double = 60
+    public init() {}
+  }
+
+  public enum State: String, Sendable, CaseIterable {
+    case stopped, connecting, backoff, backlog, live, idle
+  }
+
+  public nonisolated let loop: EventLoop
+  public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+  let feed: Feed
+  let client: UpstreamClient
+  let adapter: UpstreamAdapter
+  let settings: Settings
+  let logger: Logger
+  private var random: SeededRandom
+
+  private var generation = 0
+  private var cycle: Task<Void, Never>?
+  private var backoff: Backoff
+  private var streams: [String] = []
+  private var cursors: [String: UInt64] = [:]
+  private var backlogUntil: [String: UInt64] = [:]
+  private var hadSession = false
+  private var consecutiveUnauthorized = 0
+  private var idleTimer: LoopTimer?
+  private var running = false
+  public private(set) var state: State = .stopped
+  public private(set) var statistics = UpstreamStatistics()
+
+  public init(
+    loop: EventLoop, feed: Feed, client: UpstreamClient, adapter: UpstreamAdapter, settings: Settings, logger: Logger,
+    random: SeededRandom = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
+  ) {
+    self.loop = loop
+    self.feed = feed
+    self.client = client
+    self.adapter = adapter
+    self.settings = settings
+    self.logger = logger
+    self.random = random
+    self.backoff = settings.backoff
+  }
+
+  // MARK: Lifecycle
+
+  /// Starts polling (and, with `idleAfter`, watching the subscriber count).
+  public func start() {
+    guard !running else { return }
+    running = true
+    if settings.idleAfter != nil {
+      feed.assumeIsolated { feed in
+        feed.observeSubscribers { [weak self] count in
+          self?.assumeIsolated { $0.subscribersChanged(count) }
+        }
+      }
+      if feed.assumeIsolated({ $0.subscriberCount }) == 0 {
+        armIdleTimer()
+      }
+    }
+    beginCycle()
+  }
+
+  /// Stops polling: cancels the request in flight and any pending retry. Cursors are kept.
+  public func stop() {
+    running = false
+    idleTimer = nil
+    endCycle()
+    setState(.stopped)
+  }
+
+  /// Restarts the cycle from the session step (configuration reload, operator request).
+  public func restart() {
+    guard running else { return }
+    endCycle()
+    beginCycle()
+  }
+
+  private func beginCycle() {
+    generation += 1
+    let current = generation
+    cycle = Task { await self.runCycle(current) }
+  }
+
+  private func endCycle() {
+    generation += 1
+    cycle?.cancel()
+    cycle = nil
+    // The task's cancellation reaches the transfer through the loop; cancel here too so nothing of the old
+    // cycle is in flight when the next one starts.
+    client.transport.cancelAll()
+    statistics.pollsInFlight = 0
+  }
+
+  private func isCurrent(_ cycleGeneration: Int) -> Bool {
+    cycleGeneration == generation && !Task.isCancelled
+  }
+
+  // MARK: Idling
+
+  private func subscribersChanged(_ count: Int) {
+    guard running, settings.idleAfter != nil else { return }
+    if count > 0 {
+      idleTimer = nil
+      if state == .idle {
+        logger.info("subscriber arrived: resuming upstream polling")
+        beginCycle()
+      }
+    } else if idleTimer == nil {
+      armIdleTimer()
+    }
+  }
+
+  private func armIdleTimer() {
+    guard let idleAfter = settings.idleAfter else { return }
+    let timer = LoopTimer(loop: loop) { [weak self] in
+      self?.assumeIsolated { $0.goIdle() }
+    }
+    timer.schedule(after: idleAfter)
+    idleTimer = timer
+  }
+
+  private func goIdle() {
+    idleTimer = nil
+    guard running, feed.assumeIsolated({ $0.subscriberCount }) == 0 else { return }
+    logger.info("no subscribers: upstream polling idles until one arrives")
+    endCycle()
+    setState(.idle)
+  }
+
+  // MARK: The cycle
+
+  private func runCycle(_ cycleGeneration: Int) async {
+    var needsPreparation = true
+    while isCurrent(cycleGeneration) {
+      do throws(UpstreamError) {
+        if needsPreparation {
+          if !adapter.hasSession { setState(.connecting) }
+          let hadSessionBefore = adapter.hasSession
+          let preparation = try await adapter.prepare(client, isolation: self)
+          guard isCurrent(cycleGeneration) else { return }
+          if !hadSessionBefore {
+            statistics.sessionsStarted += 1
+            logger.info("upstream session started", metadata: ["streams": preparation.streams.joined(separator: ",")])
+          }
+          apply(preparation)
+          needsPreparation = false
+        }
+        statistics.pollsInFlight += 1
+        assert(statistics.pollsInFlight == 1, "more than one poll in flight")
+        statistics.maxPollsInFlight = max(statistics.maxPollsInFlight, statistics.pollsInFlight)
+        let started = MonotonicClock.seconds()
+        let answer: UpstreamPollAnswer
+        do throws(UpstreamError) {
+          answer = try await adapter.poll(client, cursors: cursors, isolation: self)
+        } catch {
+          if isCurrent(cycleGeneration) { statistics.pollsInFlight -= 1 }
+          throw error
+        }
+        guard isCurrent(cycleGeneration) else { return }
+        statistics.pollsInFlight -= 1
+        statistics.pollDurations.record(MonotonicClock.seconds() - started)
+        statistics.lastPollCompleted = MonotonicClock.seconds()
+        statistics.pollsByOutcome[answer.isEmpty ? "empty" : "messages", default: 0] += 1
+        consecutiveUnauthorized = 0
+        backoff.reset()
+        statistics.backoffAttempt = 0
+        statistics.nextRetryDelay = 0
+        relay(answer)
+      } catch {
+        guard isCurrent(cycleGeneration), error.kind != .cancelled else { return }
+        statistics.pollsByOutcome[error.outcome, default: 0] += 1
+        if error.kind == .sessionExpired {
+          adapter.invalidateSession()
+          needsPreparation = true
+          consecutiveUnauthorized += 1
+          if consecutiveUnauthorized == 1 {
+            logger.info("upstream session expired: starting a new one")
+            continue
+          }
+        }
+        if case .status(401) = error.kind {
+          logger.error("upstream refused the API key", metadata: ["error": error.description])
+        }
+        let delay = backoff.nextDelay(using: &random)
+        statistics.backoffAttempt = backoff.attempt
+        statistics.nextRetryDelay = delay
+        logger.warning(
+          "upstream call failed: backing off",
+          metadata: [
+            "error": error.description, "attempt": String(backoff.attempt),
+            "delay_ms": String(Int(delay * 1000)),
+          ])
+        setState(.backoff, extra: ["attempt": String(backoff.attempt), "delay_ms": String(Int(delay * 1000))])
+        do {
+          try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
+        } catch {
+          return  // cancelled: stop() or a restart
+        }
+        // After a failure the session or the server may have changed: sync cursors again.
+        needsPreparation = true
+      }
+    }
+  }
+
+  /// Applies a (re)start's findings: attached and detached streams, first cursors, backlog bounds.
+  private func apply(_ preparation: UpstreamPreparation) {
+    let previous = streams
+    let next = preparation.streams
+    var notices: [FeedEvent] = []
+    for stream in previous where !next.contains(stream) {
+      let removed = feed.assumeIsolated { $0.forgetStream(stream) }
+      cursors[stream] = nil
+      backlogUntil[stream] = nil
+      logger.info("stream detached", metadata: ["stream": stream, "events_removed": String(removed)])
+      notices.append(FeedEvent(type: "stream-detached", stream: stream, data: streamNotice(stream, "detached")))
+    }
+    for stream in next where !previous.contains(stream) && hadSession {
+      logger.info("stream attached", metadata: ["stream": stream])
+      notices.append(FeedEvent(type: "stream-attached", stream: stream, data: streamNotice(stream, "attached")))
+    }
+    for stream in next {
+      let serverLast = preparation.lastIDs?[stream]
+      guard let cursor = cursors[stream] else {
+        // A stream seen for the first time: the first start follows start_from; a stream attached later
+        // starts from the server's newest id (only new messages).
+        if !hadSession && settings.startFrom == .earliest {
+          cursors[stream] = 0
+          if let serverLast, serverLast > 0 { backlogUntil[stream] = serverLast }
+        } else {
+          cursors[stream] = serverLast ?? 0
+        }
+        continue
+      }
+      guard let serverLast else { continue }
+      if serverLast > cursor {
+        backlogUntil[stream] = max(backlogUntil[stream] ?? 0, serverLast)
+      } else if serverLast < cursor {
+        // The server's ids went backwards (its data was reset): follow it rather than wait forever.
+        logger.warning(
+          "upstream last id is below the relay's cursor: following the server",
+          metadata: ["stream": stream, "cursor": String(cursor), "server_last": String(serverLast)])
+        statistics.cursorRewinds += 1
+        cursors[stream] = serverLast
+        backlogUntil[stream] = nil
+      }
+    }
+    streams = next
+    hadSession = true
+    if !notices.isEmpty { _ = feed.assumeIsolated { $0.publish(notices) } }
+    updateLiveness()
+  }
+
+  /// Publishes an answer's new messages and then advances the cursors.
+  private func relay(_ answer: UpstreamPollAnswer) {
+    for reason in answer.rejected {
+      statistics.rejectedMessages += 1
+      logger.error("upstream message cannot be relayed", metadata: ["reason": reason])
+    }
+    var events: [FeedEvent] = []
+    var advanced = cursors
+    for batch in answer.batches {
+      guard streams.contains(batch.stream) else {
+        statistics.unknownStreams += 1
+        logger.warning("upstream answer names an unknown stream: ignored", metadata: ["stream": batch.stream])
+        continue
+      }
+      for message in batch.messages.sorted(by: { $0.id < $1.id }) {
+        guard message.id > advanced[batch.stream] ?? 0 else {
+          statistics.duplicatesDropped += 1
+          continue
+        }
+        let backlog = message.id <= backlogUntil[batch.stream] ?? 0
+        events.append(
+          FeedEvent(
+            stream: batch.stream,
+            data: JSONText.object([
+              "stream": JSONText.quoted(batch.stream), "upstream_id": JSONText.quoted(String(message.id)),
+              "backlog": backlog ? "true" : "false", "message": message.raw,
+            ])))
+        advanced[batch.stream] = message.id
+        if backlog { statistics.backlogMessages += 1 }
+      }
+    }
+    if !events.isEmpty {
+      _ = feed.assumeIsolated { $0.publish(events) }
+      statistics.messagesRelayed += events.count
+    }
+    // Only now that the messages are in the feed do the cursors move.
+    cursors = advanced
+    updateLiveness()
+  }
+
+  private func updateLiveness() {
+    for (stream, bound) in backlogUntil where (cursors[stream] ?? 0) >= bound {
+      backlogUntil[stream] = nil
+    }
+    if backlogUntil.isEmpty {
+      setState(.live)
+    } else {
+      let pending = backlogUntil.keys.sorted().map { "\(JSONText.quoted($0)):\(backlogUntil[$0]!)" }
+      setState(.backlog, extra: ["until": "{\(pending.joined(separator: ","))}"])
+    }
+  }
+
+  private func streamNotice(_ stream: String, _ change: String) -> String {
+    JSONText.object(["stream": JSONText.quoted(stream), "change": JSONText.quoted(change)])
+  }
+
+  private func setState(_ next: State, extra: KeyValuePairs<String, String> = [:]) {
+    let changed = next != state
+    state = next
+    statistics.state = next.rawValue
+    guard changed || next == .backoff || next == .backlog else { return }
+    var fields = [("state", JSONText.quoted(next.rawValue)), ("adapter", JSONText.quoted(adapter.name))]
+    for (key, value) in extra { fields.append((key, value.first == "{" ? value : JSONText.quoted(value))) }
+    let data = "{" + fields.map { "\(JSONText.quoted($0.0)):\($0.1)" }.joined(separator: ",") + "}"
+    feed.assumeIsolated { $0.publishStatus(data) }
+    if changed { logger.info("upstream state", metadata: ["state": next.rawValue]) }
+  }
+
+  // MARK: Introspection
+
+  public func snapshot() -> UpstreamStatistics {
+    var copy = statistics
+    copy.cursors = cursors
+    copy.hasSession = adapter.hasSession
+    copy.transportInFlight = client.transport.inFlight
+    return copy
+  }
+
+  /// `/readyz`: ready when a session is established and a poll completed within the window.
+  public func readiness() -> (ready: Bool, reason: String) {
+    if state == .idle { return (true, "idle: no subscribers") }
+    guard adapter.hasSession else { return (false, "no upstream session") }
+    guard let last = statistics.lastPollCompleted else { return (false, "no poll completed yet") }
+    let age = MonotonicClock.seconds() - last
+    guard age <= settings.readyWindow else {
+      return (false, "last poll completed \(Int(age)) s ago (window \(Int(settings.readyWindow)) s)")
+    }
+    return (true, "ok")
+  }
+}
+
+/// What the worker counts, for `/metrics` and tests.
+public struct UpstreamStatistics: Sendable {
+  public var state = "stopped"
+  public var pollsByOutcome: [String: Int] = [:]
+  public var pollsInFlight = 0
+  public var maxPollsInFlight = 0
+  public var sessionsStarted = 0
+  public var messagesRelayed = 0
+  public var backlogMessages = 0
+  public var duplicatesDropped = 0
+  public var unknownStreams = 0
+  public var rejectedMessages = 0
+  public var cursorRewinds = 0
+  public var backoffAttempt = 0
+  public var nextRetryDelay = 0.0
+  public var lastPollCompleted: Double?
+  public var pollDurations = Histogram(bounds: [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60])
+  public var cursors: [String: UInt64] = [:]
+  public var hasSession = false
+  public var transportInFlight = 0
+}
+
+/// A Prometheus-style histogram with fixed upper bounds.
+public struct Histogram: Sendable {
+  public let bounds: [Double]
+  public private(set) var counts: [Int]
+  public private(set) var sum = 0.0
+  public private(set) var count = 0
+
+  public init(bounds: [Double]) {
+    self.bounds = bounds
+    counts = Array(repeating: 0, count: bounds.count)
+  }
+
+  public mutating func record(_ value: Double) {
+    for (index, bound) in bounds.enumerated() where value <= bound { counts[index] += 1 }
+    sum += value
+    count += 1
+  }
+}

@@ -37,7 +37,7 @@ import Testing
 
   @Test func aPortInUseIsAClearErrorNotACrash() async throws {
     let harness = try await RelayHarness.start()
-    let result = try run(binary, ["--listen", "127.0.0.1:\(harness.port)"])
+    let result = try run(binary, ["--listen", "127.0.0.1:\(harness.port)", "--upstream-url", "http://127.0.0.1:9"])
     #expect(result.code == 69)
     #expect(result.stderr.contains("cannot listen on 127.0.0.1:\(harness.port)"))
     await harness.stop()
@@ -69,5 +69,20 @@ import Testing
     while process.isRunning && Date() < exitDeadline { usleep(20_000) }
     #expect(!process.isRunning)
     #expect(process.terminationStatus == 0)
+  }
+}
+
+@Suite struct CommandLineUpstreamRequirementTests {
+  @Test func withoutAnUpstreamTheRelayRefusesToStartAndSaysHow() throws {
+    let result = try run(builtProduct("pollcast"), ["--listen", "127.0.0.1:0"])
+    #expect(result.code == 78)
+    #expect(result.stderr.contains("upstream.url is required"))
+  }
+
+  @Test func printConfigNeverShowsTheAPIKey() throws {
+    let result = try run(builtProduct("pollcast"), ["--print-config", "--upstream-api-key", "s3cr3t-key"])
+    #expect(result.code == 0)
+    #expect(!result.stdout.contains("s3cr3t-key"))
+    #expect(result.stdout.contains("[redacted]"))
   }
 }

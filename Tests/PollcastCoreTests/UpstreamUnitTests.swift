@@ -1,0 +1,156 @@
+import Foundation
+import Testing
+
+@testable import PollcastCore
+
+@Suite struct BackoffTests {
+  @Test func ceilingDoublesFromTheBaseUpToTheCap() {
+    let backoff = Backoff(base: 2, cap: 30)
+    #expect((0..<6).map { backoff.ceiling(attempt: $0) } == [2, 4, 8, 16, 30, 30])
+    #expect(backoff.ceiling(attempt: 10_000) == 30)
+  }
+
+  @Test func delaysAreFullJitterUniformOverZeroToTheCeiling() {
+    // Seeded, so the test is reproducible; 20,000 draws per attempt, 10 equal bins: a chi-square statistic above
+    // 27.9 (9 degrees of freedom, p = 0.001) would mean the draws are not uniform.
+    var random = SeededRandom(seed: 42)
+    for attempt in 0..<5 {
+      var backoff = Backoff(base: 2, cap: 30)
+      let ceiling = backoff.ceiling(attempt: attempt)
+      var bins = [Int](repeating: 0, count: 10)
+      var sum = 0.0
+      let draws = 20_000
+      for _ in 0..<draws {
+        backoff.reset()
+        for _ in 0..<attempt { _ = backoff.nextDelay(using: &random) }
+        let delay = backoff.nextDelay(using: &random)
+        #expect(delay >= 0 && delay <= ceiling)
+        bins[min(9, Int(delay / ceiling * 10))] += 1
+        sum += delay
+      }
+      let expected = Double(draws) / 10
+      let chiSquare = bins.reduce(0.0) { $0 + pow(Double($1) - expected, 2) / expected }
+      #expect(chiSquare < 27.9, "attempt \(attempt): bins \(bins)")
+      #expect(
+        abs(sum / Double(draws) - ceiling / 2) < ceiling * 0.02, "attempt \(attempt): mean \(sum / Double(draws))")
+    }
+  }
+
+  @Test func resetStartsOverAfterASuccess() {
+    var random = SeededRandom(seed: 7)
+    var backoff = Backoff(base: 1, cap: 100)
+    for _ in 0..<5 { _ = backoff.nextDelay(using: &random) }
+    #expect(backoff.attempt == 5)
+    backoff.reset()
+    #expect(backoff.attempt == 0)
+    #expect(backoff.nextDelay(using: &random) <= 1)
+  }
+
+  @Test func sameSeedSameDelays() {
+    var a = SeededRandom(seed: 1)
+    var b = SeededRandom(seed: 1)
+    var first = Backoff()
+    var second = Backoff()
+    #expect((0..<8).map { _ in first.nextDelay(using: &a) } == (0..<8).map { _ in second.nextDelay(using: &b) })
+  }
+}
+
+@Suite struct RawJSONTests {
+  @Test func valuesKeepTheirExactText() throws {
+    let document = #"{"101": [ {"id":1201 , "text":"h\u00e9\"llo", "n": 1.50e3} ], "202":[]}"#
+    let json = try RawJSON.parse(document)
+    let message = try #require(
+      json["101"].flatMap { value -> RawJSON? in
+        if case .array(let elements) = value.value { return elements.first }
+        return nil
+      })
+    #expect(message.rawText == #"{"id":1201 , "text":"h\u00e9\"llo", "n": 1.50e3}"#)
+    #expect(message["id"]?.unsignedID == 1201)
+    #expect(message["text"]?.stringValue == "hé\"llo")
+    #expect(message["n"]?.rawText == "1.50e3")
+  }
+
+  @Test func pointersFollowRFC6901() throws {
+    let json = try RawJSON.parse(#"{"data":{"items":[{"seq":5}],"a/b":1,"m~n":2},"":3}"#)
+    #expect(json.resolve(pointer: "")?.rawText == json.rawText)
+    #expect(json.resolve(pointer: "/data/items/0/seq")?.unsignedID == 5)
+    #expect(json.resolve(pointer: "/data/a~1b")?.rawText == "1")
+    #expect(json.resolve(pointer: "/data/m~0n")?.rawText == "2")
+    #expect(json.resolve(pointer: "/")?.rawText == "3")
+    #expect(json.resolve(pointer: "/data/items/1") == nil)
+    #expect(json.resolve(pointer: "/data/items/01") == nil)
+    #expect(json.resolve(pointer: "data") == nil)
+  }
+
+  @Test func surrogatePairsDecode() throws {
+    #expect(try RawJSON.parse(#""\ud83d\ude00""#).stringValue == "😀")
+  }
+
+  @Test(arguments: [
+    "", "{", "{\"a\":}", "[1,]", "{\"a\" 1}", "tru", "01", "1.", "-", "\"unterminated", "\"\\x\"", "\"\\ud800\"",
+    "{} x", "\"a\u{01}b\"", String(repeating: "[", count: 300) + String(repeating: "]", count: 300),
+  ])
+  func malformedDocumentsAreRejected(document: String) {
+    #expect(throws: RawJSONError.self) { try RawJSON.parse(document) }
+  }
+
+  @Test func idsAcceptIntegersAndDigitStringsOnly() throws {
+    #expect(try RawJSON.parse("42").unsignedID == 42)
+    #expect(try RawJSON.parse("\"42\"").unsignedID == 42)
+    #expect(try RawJSON.parse("-1").unsignedID == nil)
+    #expect(try RawJSON.parse("4.2").unsignedID == nil)
+    #expect(try RawJSON.parse("\"4a\"").unsignedID == nil)
+    #expect(try RawJSON.parse("null").unsignedID == nil)
+  }
+}
+
+@Suite struct AdapterParsingTests {
+  @Test func chatPollParsesStreamsAndKeepsMessagesVerbatim() throws {
+    let answer = try ChatAdapter.parsePoll(
+      RawJSON.parse(
+        #"{"101":[{"id":3,"text":"a"},{"id":"4","text":"b"}],"202":[],"303":"nope","404":[{"text":"no id"}]}"#))
+    #expect(answer.batches.map(\.stream) == ["101", "202", "404"])
+    #expect(
+      answer.batches[0].messages == [
+        .init(id: 3, raw: #"{"id":3,"text":"a"}"#), .init(id: 4, raw: #"{"id":"4","text":"b"}"#),
+      ])
+    #expect(answer.rejected.count == 2)
+  }
+
+  @Test func chatPollOfAnEmptyObjectIsEmpty() throws {
+    #expect(try ChatAdapter.parsePoll(RawJSON.parse("{}")).isEmpty)
+    #expect(throws: UpstreamError.self) { try ChatAdapter.parsePoll(RawJSON.parse("[]")) }
+  }
+
+  @Test func genericFindsEventsAndIdsByPointer() throws {
+    let settings = GenericAdapter.Settings(
+      urlTemplate: "http://x/{cursor}", eventsPointer: "/data/items", idPointer: "/seq")
+    let answer = try GenericAdapter.parse(
+      RawJSON.parse(#"{"data":{"items":[{"seq":7,"v":1},{"v":2}]}}"#), settings: settings)
+    #expect(answer.batches.first?.messages == [.init(id: 7, raw: #"{"seq":7,"v":1}"#)])
+    #expect(answer.rejected.count == 1)
+  }
+
+  @Test func genericTakesANonArrayBodyAsOneEventWithTheRootPointer() throws {
+    let settings = GenericAdapter.Settings(urlTemplate: "http://x", eventsPointer: "", idPointer: "/id")
+    let answer = try GenericAdapter.parse(RawJSON.parse(#"{"id":9,"x":true}"#), settings: settings)
+    #expect(answer.batches.first?.messages.map(\.id) == [9])
+    let array = try GenericAdapter.parse(RawJSON.parse(#"[{"id":1},{"id":2}]"#), settings: settings)
+    #expect(array.batches.first?.messages.map(\.id) == [1, 2])
+  }
+
+  @Test func genericPointerToSomethingElseIsADecodingError() {
+    let settings = GenericAdapter.Settings(urlTemplate: "http://x", eventsPointer: "/data", idPointer: "/id")
+    #expect(throws: UpstreamError.self) { try GenericAdapter.parse(RawJSON.parse(#"{"data":5}"#), settings: settings) }
+    #expect(throws: UpstreamError.self) {
+      try GenericAdapter.parse(RawJSON.parse(#"{"other":[]}"#), settings: settings)
+    }
+  }
+
+  @Test func secretsAreRedactedFromURLs() {
+    #expect(
+      redactURL("http://h/api/messages/poll?token=abc&cursor=101:1&api_key=k")
+        == "http://h/api/messages/poll?token=[redacted]&cursor=101:1&api_key=[redacted]")
+    #expect(redactURL("http://h/x") == "http://h/x")
+  }
+}

@@ -153,3 +153,52 @@ import Testing
     #expect(object?["level"] == "warning")
   }
 }
+
+@Suite struct ExampleConfigurationTests {
+  private func load(_ name: String) throws -> Configuration {
+    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+      .deletingLastPathComponent()
+    let text = try String(contentsOf: root.appendingPathComponent("Config/\(name)"), encoding: .utf8)
+    return try ConfigurationLoader().load(fileText: text, environment: [:], overrides: [])
+  }
+
+  @Test func chatExampleIsValidAndNamesTheChatAdapter() throws {
+    let config = try load("chat.example.json")
+    #expect(config.upstream.adapter == "chat")
+    #expect(config.hasUpstream)
+    #expect(config.makeAdapter() is ChatAdapter)
+  }
+
+  @Test func genericExampleIsValidAndNamesTheGenericAdapter() throws {
+    let config = try load("generic.example.json")
+    #expect(config.hasUpstream)
+    #expect(config.makeAdapter() is GenericAdapter)
+    #expect(config.generic.eventsPointer == "/data/items")
+  }
+
+  @Test func upstreamProblemsAreReported() {
+    var config = Configuration()
+    config.upstream.adapter = "soap"
+    config.upstream.startFrom = "middle"
+    config.upstream.backoffBaseSeconds = 60
+    let problems = config.problems()
+    #expect(problems.contains { $0.hasPrefix("upstream.adapter") })
+    #expect(problems.contains { $0.hasPrefix("upstream.start_from") })
+    #expect(problems.contains { $0.hasPrefix("upstream.backoff_base_seconds") })
+    config = Configuration()
+    config.upstream.adapter = "generic"
+    config.generic.urlTemplate = "ftp://x"
+    config.generic.idPointer = "seq"
+    config.generic.headers = ["no colon"]
+    #expect(config.problems().count == 3)
+  }
+}
+
+@Suite struct ReadmeTests {
+  @Test func readmeCarriesTheCurrentSettingsTable() throws {
+    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+      .deletingLastPathComponent()
+    let readme = try String(contentsOf: root.appendingPathComponent("README.md"), encoding: .utf8)
+    #expect(readme.contains(CommandLineOptions.settingsReference()), "regenerate it with: pollcast --help-config")
+  }
+}

@@ -11,6 +11,12 @@ extension Configuration {
       "server.timeout_seconds", \.server.timeoutSeconds,
       "Read/write timeout of client connections; must exceed sse.heartbeat_seconds."),
     .int("server.backlog", \.server.backlog, "listen(2) backlog for bursts of new connections."),
+    .double(
+      "server.shutdown_spread_seconds", \.server.shutdownSpreadSeconds,
+      "On SIGTERM, end streams spread over this window so clients do not reconnect at once."),
+    .double(
+      "server.shutdown_deadline_seconds", \.server.shutdownDeadlineSeconds,
+      "On SIGTERM, the longest wait for streams to flush before exiting."),
     .list(
       "cors.allowed_origins", \.cors.allowedOrigins,
       "Origins allowed to read the streams cross-origin (exact https://host[:port], or *)."),

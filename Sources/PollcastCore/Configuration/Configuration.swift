@@ -10,9 +10,13 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var maxBodyBytes = 64 << 10
     public var timeoutSeconds = 60.0
     public var backlog = 4096
+    public var shutdownSpreadSeconds = 0.0
+    public var shutdownDeadlineSeconds = 10.0
 
     enum CodingKeys: String, CodingKey {
       case listen, backlog
+      case shutdownSpreadSeconds = "shutdown_spread_seconds"
+      case shutdownDeadlineSeconds = "shutdown_deadline_seconds"
       case maxHeaderBytes = "max_header_bytes"
       case maxURLBytes = "max_url_bytes"
       case maxBodyBytes = "max_body_bytes"
@@ -37,8 +41,13 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var retryMilliseconds = 3000
     public var maxPendingBytes = 1 << 20
     public var replayChunkBytes = 256 << 10
+    /// 0 keeps streams open indefinitely.
+    public var maxConnectionAgeSeconds = 0.0
+    public var maxConnectionAgeJitterSeconds = 0.0
 
     enum CodingKeys: String, CodingKey {
+      case maxConnectionAgeSeconds = "max_connection_age_seconds"
+      case maxConnectionAgeJitterSeconds = "max_connection_age_jitter_seconds"
       case heartbeatSeconds = "heartbeat_seconds"
       case retryMilliseconds = "retry_ms"
       case maxPendingBytes = "max_pending_bytes"
@@ -140,7 +149,9 @@ extension Configuration {
       ring: .init(
         maxEvents: ring.maxEvents, maxBytes: ring.maxBytes, maxAge: ring.maxAgeSeconds > 0 ? ring.maxAgeSeconds : nil),
       maxPendingBytes: sse.maxPendingBytes, heartbeatInterval: sse.heartbeatSeconds,
-      retryMilliseconds: sse.retryMilliseconds, replayChunkBytes: sse.replayChunkBytes)
+      retryMilliseconds: sse.retryMilliseconds, replayChunkBytes: sse.replayChunkBytes,
+      maxConnectionAge: sse.maxConnectionAgeSeconds > 0 ? sse.maxConnectionAgeSeconds : nil,
+      maxConnectionAgeJitter: sse.maxConnectionAgeJitterSeconds)
   }
 
   public var logger: Logger {
@@ -178,6 +189,18 @@ extension Configuration {
           + "(\(server.timeoutSeconds)), or idle streams time out")
     }
     if sse.retryMilliseconds < 0 { problems.append("sse.retry_ms: must not be negative") }
+    if sse.maxConnectionAgeSeconds < 0 {
+      problems.append("sse.max_connection_age_seconds: must not be negative (0 disables)")
+    }
+    if sse.maxConnectionAgeJitterSeconds < 0 {
+      problems.append("sse.max_connection_age_jitter_seconds: must not be negative")
+    }
+    if server.shutdownSpreadSeconds < 0 { problems.append("server.shutdown_spread_seconds: must not be negative") }
+    if !(server.shutdownDeadlineSeconds > server.shutdownSpreadSeconds) {
+      problems.append(
+        "server.shutdown_deadline_seconds: must exceed server.shutdown_spread_seconds (\(server.shutdownSpreadSeconds))"
+      )
+    }
     if ring.maxAgeSeconds < 0 { problems.append("ring.max_age_seconds: must not be negative (0 disables)") }
     if cors.maxAgeSeconds < 0 { problems.append("cors.max_age_seconds: must not be negative") }
     for origin in cors.allowedOrigins where origin != "*" {

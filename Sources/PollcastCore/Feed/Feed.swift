@@ -18,6 +18,8 @@ public actor Feed {
   /// The newest `upstream` status event (no id), sent to every subscriber when it goes live.
   private var statusEvent: ByteSlice?
   private var heartbeatTimer: LoopTimer?
+  private var ageTimer: LoopTimer?
+  private var ageRandom = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
   private let heartbeatBytes = ByteSlice(SSEEncoder.comment("heartbeat"))
   private let preamble: ByteSlice
   private var subscriberObservers: [(Int) -> Void] = []
@@ -54,6 +56,13 @@ public actor Feed {
     }
     timer.schedule(after: settings.heartbeatInterval)
     heartbeatTimer = timer
+    if let age = settings.maxConnectionAge {
+      let check = LoopTimer(loop: loop, repeating: true) { [unowned self] in
+        self.assumeIsolated { $0.endAgedConnections() }
+      }
+      check.schedule(after: min(1, max(0.05, age / 4)))
+      ageTimer = check
+    }
   }
 
   public func statistics() -> FeedStatistics {
@@ -172,6 +181,12 @@ public actor Feed {
     let decision = ResumeDecision.decide(requested: requestedID, floorID: ring.floorID, headID: ids.head)
     let subscriber = Subscriber(
       number: nextSubscriberNumber, streams: streams, sink: sink, cursor: ids.head, mode: .live)
+    if let age = settings.maxConnectionAge {
+      let jitter =
+        settings.maxConnectionAgeJitter > 0
+        ? Double.random(in: 0...settings.maxConnectionAgeJitter, using: &ageRandom) : 0
+      subscriber.endsAt = MonotonicClock.seconds() + age + jitter
+    }
     nextSubscriberNumber += 1
     subscriber.registryIndex = subscribers.count
     subscribers.append(subscriber)
@@ -278,19 +293,47 @@ public actor Feed {
     }
   }
 
-  /// Sends `comment` to every subscriber and ends every stream cleanly. Returns how many were ended.
+  /// Ends the streams that reached their maximum age, so their clients reconnect (and resume) elsewhere or
+  /// later: a comment says why, then the stream ends cleanly.
+  private func endAgedConnections() {
+    let now = MonotonicClock.seconds()
+    let aged = subscribers.filter { ($0.endsAt ?? .infinity) <= now }
+    guard !aged.isEmpty else { return }
+    let notice = ByteSlice(SSEEncoder.comment("maximum connection age reached: reconnect with Last-Event-ID"))
+    for subscriber in aged {
+      stats.agedOut += 1
+      end(subscriber, with: notice)
+    }
+  }
+
+  private func end(_ subscriber: Subscriber, with notice: ByteSlice) {
+    remove(subscriber)
+    subscriber.sink.write([notice])
+    subscriber.sink.finish()
+  }
+
+  /// Sends `comment` to every subscriber and ends every stream cleanly. With a `spread` window the streams are
+  /// ended in slices across it (in random order), so thousands of browsers do not reconnect in the same
+  /// millisecond. Returns how many were ended.
   @discardableResult
-  public func finishAll(comment: String) -> Int {
+  public func finishAll(comment: String, spread: Double = 0) async -> Int {
     heartbeatTimer?.cancel()
     heartbeatTimer = nil
+    ageTimer = nil
     let last = ByteSlice(SSEEncoder.comment(comment))
-    let all = subscribers
-    for subscriber in all {
-      remove(subscriber)
-      subscriber.sink.write([last])
-      subscriber.sink.finish()
+    var pending = subscribers.shuffled(using: &ageRandom)
+    let total = pending.count
+    let step = 0.05
+    let steps = max(1, Int((spread / step).rounded(.down)))
+    let perStep = spread > 0 ? max(1, Int((Double(total) / Double(steps)).rounded(.up))) : total
+    while !pending.isEmpty {
+      for subscriber in pending.prefix(perStep) where !subscriber.isClosed {
+        end(subscriber, with: last)
+      }
+      pending.removeFirst(min(perStep, pending.count))
+      if !pending.isEmpty { try? await Task.sleep(for: .milliseconds(Int(step * 1000))) }
     }
-    return all.count
+    return total
   }
 }
 

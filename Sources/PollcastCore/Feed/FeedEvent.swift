@@ -25,14 +25,19 @@ public struct FeedSettings: Sendable, Equatable {
   public var retryMilliseconds: Int
   /// How many bytes of replay are queued for a catching-up subscriber before waiting for its socket to drain.
   public var replayChunkBytes: Int
+  /// Streams older than this (plus a random 0…`maxConnectionAgeJitter`) are ended so clients reconnect; nil: never.
+  public var maxConnectionAge: Double?
+  public var maxConnectionAgeJitter: Double
 
   public init(
     ring: ReplayRing.Limits = .init(maxEvents: 10_000, maxBytes: 64 << 20, maxAge: nil),
     maxPendingBytes: Int = 1 << 20,
     heartbeatInterval: Double = 15,
     retryMilliseconds: Int = 3000,
-    replayChunkBytes: Int = 256 << 10
+    replayChunkBytes: Int = 256 << 10, maxConnectionAge: Double? = nil, maxConnectionAgeJitter: Double = 0
   ) {
+    self.maxConnectionAge = maxConnectionAge
+    self.maxConnectionAgeJitter = maxConnectionAgeJitter
     self.ring = ring
     self.maxPendingBytes = maxPendingBytes
     self.heartbeatInterval = heartbeatInterval
@@ -51,6 +56,8 @@ public struct FeedStatistics: Sendable, Equatable {
   public var resumes = 0
   public var resetsByReason: [String: Int] = [:]
   public var slowConsumerDisconnects = 0
+  /// Streams ended by the maximum connection age.
+  public var agedOut = 0
   public var bytesQueued = 0
   public var ringEvents = 0
   public var ringBytes = 0

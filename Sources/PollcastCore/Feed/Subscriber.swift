@@ -30,6 +30,8 @@ public final class Subscriber: @unchecked Sendable {
   public internal(set) var cursor: UInt64
   public internal(set) var mode: Mode
   public internal(set) var isClosed = false
+  /// Monotonic time at which the maximum connection age ends this stream; nil without one.
+  var endsAt: Double?
   var registryIndex = -1
 
   init(number: Int, streams: Set<String>?, sink: SubscriberSink, cursor: UInt64, mode: Mode) {

@@ -60,12 +60,12 @@ public actor SSEServer {
 
   /// Stops accepting, ends every stream with a last comment, waits for them to flush (up to `deadline`
   /// seconds), then frees the server.
-  public func shutdown(deadline: Double = 5) async {
+  public func shutdown(deadline: Double = 5, spread: Double = 0) async {
     guard let listener else { return }
     listener.stopAccepting()
-    let ended = await feed.finishAll(comment: "pollcast shutting down")
+    let ended = await feed.finishAll(comment: "pollcast shutting down", spread: spread)
     logger.info("ending streams", metadata: ["streams": "\(ended)"])
-    let until = MonotonicClock.seconds() + deadline
+    let until = MonotonicClock.seconds() + max(0, deadline - spread)
     while openStreams > 0 && MonotonicClock.seconds() < until {
       try? await Task.sleep(for: .milliseconds(20))
     }

@@ -1,6 +1,8 @@
 /// Prometheus text exposition of the relay's counters.
 public enum Metrics {
-  public static func render(_ stats: FeedStatistics, upstream: UpstreamStatistics? = nil) -> String {
+  public static func render(
+    _ stats: FeedStatistics, upstream: UpstreamStatistics? = nil, loopLag: (last: Double, max: Double)? = nil
+  ) -> String {
     var out = ""
     func metric(_ name: String, _ type: String, _ help: String, _ samples: [(labels: String, value: String)]) {
       out += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
@@ -25,11 +27,20 @@ public enum Metrics {
     one(
       "pollcast_slow_consumer_disconnects_total", "counter", "Subscribers dropped for falling too far behind.",
       stats.slowConsumerDisconnects)
-    one("pollcast_sent_bytes_total", "counter", "Bytes queued to subscribers.", stats.bytesQueued)
+    one("pollcast_sent_bytes_total", "counter", "SSE bytes queued to subscribers' connections.", stats.bytesQueued)
     one("pollcast_ring_events", "gauge", "Events held in the replay ring.", stats.ringEvents)
     one("pollcast_ring_bytes", "gauge", "Encoded bytes held in the replay ring.", stats.ringBytes)
     one("pollcast_ring_evicted_total", "counter", "Events evicted from the replay ring.", stats.ringEvicted)
     metric("pollcast_head_id", "gauge", "Id of the newest event.", [("", String(stats.headID))])
+    one(
+      "pollcast_connections_aged_out_total", "counter", "Streams ended by the maximum connection age.", stats.agedOut)
+    if let loopLag {
+      metric(
+        "pollcast_event_loop_lag_seconds", "gauge", "How late the event loop ran its last probe timer.",
+        [("", String(loopLag.last))])
+      metric(
+        "pollcast_event_loop_lag_max_seconds", "gauge", "The largest event loop lag seen.", [("", String(loopLag.max))])
+    }
     guard let upstream else { return out }
     metric(
       "pollcast_upstream_polls_total", "counter", "Upstream polls by outcome.",

@@ -105,7 +105,7 @@ public enum PollcastCommand {
     if demo != nil { logger.info("demo running: curl -N http://\(relay.address)/events") }
     let signal = await SignalWaiter.wait(loop: relay.loop, signals: [SIGTERM, SIGINT])
     logger.info("shutting down", metadata: ["signal": "\(signal)"])
-    await relay.shutdown(deadline: 5)
+    await relay.shutdown(deadline: configuration.server.shutdownDeadlineSeconds)
     await demo?.stop()
     logger.info("stopped")
     return 0

@@ -10,6 +10,9 @@ public final class Relay: Sendable {
   /// `host:port` the server listens on.
   public let address: String
   public let logger: Logger
+  public let lagProbe: LoopLagProbe
+  /// Window over which `shutdown()` spreads the end of the streams.
+  public let shutdownSpread: Double
 
   /// What the upstream side needs.
   public struct Upstream: Sendable {
@@ -33,8 +36,11 @@ public final class Relay: Sendable {
   }
 
   private init(
-    loop: EventLoop, feed: Feed, server: SSEServer, worker: UpstreamWorker?, address: String, logger: Logger
+    loop: EventLoop, feed: Feed, server: SSEServer, worker: UpstreamWorker?, address: String, logger: Logger,
+    lagProbe: LoopLagProbe, shutdownSpread: Double
   ) {
+    self.lagProbe = lagProbe
+    self.shutdownSpread = shutdownSpread
     self.loop = loop
     self.feed = feed
     self.server = server
@@ -46,10 +52,11 @@ public final class Relay: Sendable {
   /// Starts a loop thread, the feed, the server and (when given) the upstream worker.
   public static func start(
     server serverSettings: ServerSettings, feed feedSettings: FeedSettings, logger: Logger,
-    ids: EventIDAllocator = EventIDAllocator(), upstream: Upstream? = nil
+    ids: EventIDAllocator = EventIDAllocator(), upstream: Upstream? = nil, shutdownSpread: Double = 0
   ) async throws -> Relay {
     let loop = try EventLoop()
     loop.start()
+    let lagProbe = await loop.submit { LoopLagProbe(loop: loop) }
     let feed = Feed(loop: loop, settings: feedSettings, ids: ids)
     await feed.start()
     var worker: UpstreamWorker?
@@ -57,6 +64,7 @@ public final class Relay: Sendable {
       worker = try await makeWorker(loop: loop, feed: feed, upstream: upstream, logger: logger)
     }
     let server = SSEServer(loop: loop, feed: feed, settings: serverSettings, logger: logger)
+    await server.addRoute("/", .init { (200, "text/html; charset=utf-8", LivePage.html) })
     await server.addRoute("/healthz", .init { (200, "application/json", "{\"status\":\"ok\"}\n") })
     await server.addRoute(
       "/readyz",
@@ -67,10 +75,13 @@ public final class Relay: Sendable {
       })
     await server.addRoute(
       "/metrics",
-      .init { [feed, worker] in
+      .init { [feed, worker, lagProbe] in
         let stats = feed.assumeIsolated { $0.statistics() }
         let upstream = worker?.assumeIsolated { $0.snapshot() }
-        return (200, "text/plain; version=0.0.4; charset=utf-8", Metrics.render(stats, upstream: upstream))
+        return (
+          200, "text/plain; version=0.0.4; charset=utf-8",
+          Metrics.render(stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag))
+        )
       })
     let address: String
     do {
@@ -81,7 +92,9 @@ public final class Relay: Sendable {
       throw error
     }
     await worker?.start()
-    return Relay(loop: loop, feed: feed, server: server, worker: worker, address: address, logger: logger)
+    return Relay(
+      loop: loop, feed: feed, server: server, worker: worker, address: address, logger: logger, lagProbe: lagProbe,
+      shutdownSpread: shutdownSpread)
   }
 
   private static func makeWorker(loop: EventLoop, feed: Feed, upstream: Upstream, logger: Logger) async throws
@@ -108,7 +121,7 @@ public final class Relay: Sendable {
         apiKey: configuration.upstream.apiKey, maxBodyBytes: configuration.upstream.maxBodyBytes) : nil
     return try await start(
       server: configuration.serverSettings, feed: configuration.feedSettings, logger: configuration.logger,
-      upstream: upstream)
+      upstream: upstream, shutdownSpread: configuration.server.shutdownSpreadSeconds)
   }
 
   /// The port the server listens on.
@@ -117,7 +130,8 @@ public final class Relay: Sendable {
   /// Stops the upstream worker, stops accepting, ends every stream, stops the loop. Idempotent.
   public func shutdown(deadline: Double = 5) async {
     await worker?.stop()
-    await server.shutdown(deadline: deadline)
+    await server.shutdown(deadline: max(deadline, shutdownSpread + 1), spread: shutdownSpread)
+    await loop.submit { [lagProbe] in lagProbe.stop() }
     loop.stop()
   }
 }

@@ -40,25 +40,38 @@ struct RelayHarness {
   }
 }
 
-/// Runs a process to completion and returns its exit code and output.
+/// Runs a process to completion and returns its exit code and output. Output goes through temporary files, not
+/// pipes, so a large output cannot block the child while we wait for it to exit.
 func run(_ executable: String, _ arguments: [String], timeout: Double = 30) throws -> (
   code: Int32, stdout: String, stderr: String
 ) {
+  let directory = FileManager.default.temporaryDirectory
+  let token = UUID().uuidString
+  let outURL = directory.appendingPathComponent("pollcast-run-\(token).out")
+  let errURL = directory.appendingPathComponent("pollcast-run-\(token).err")
+  FileManager.default.createFile(atPath: outURL.path, contents: nil)
+  FileManager.default.createFile(atPath: errURL.path, contents: nil)
+  defer {
+    try? FileManager.default.removeItem(at: outURL)
+    try? FileManager.default.removeItem(at: errURL)
+  }
+  let out = try FileHandle(forWritingTo: outURL)
+  let err = try FileHandle(forWritingTo: errURL)
   let process = Process()
   process.executableURL = URL(fileURLWithPath: executable)
   process.arguments = arguments
-  let out = Pipe()
-  let err = Pipe()
   process.standardOutput = out
   process.standardError = err
   try process.run()
   let deadline = Date().addingTimeInterval(timeout)
-  while process.isRunning && Date() < deadline { usleep(10_000) }
+  while process.isRunning && Date() < deadline { usleep(5_000) }
   if process.isRunning { process.terminate() }
   process.waitUntilExit()
+  try? out.close()
+  try? err.close()
   return (
-    process.terminationStatus, String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self),
-    String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.terminationStatus, (try? String(contentsOf: outURL, encoding: .utf8)) ?? "",
+    (try? String(contentsOf: errURL, encoding: .utf8)) ?? ""
   )
 }
 

@@ -24,7 +24,8 @@ struct UpstreamHarness {
   static func start(
     fixture options: LegacyFixture.Options = LegacyFixture.Options(),
     settings: UpstreamWorker.Settings = fastSettings(),
-    hold: Double = 1, prefill: [String: [String]] = [:], generic: GenericAdapter.Settings? = nil
+    hold: Double = 1, prefill: [String: [String]] = [:], generic: GenericAdapter.Settings? = nil,
+    feed: FeedSettings = FeedSettings(heartbeatInterval: 5)
   ) async throws -> UpstreamHarness {
     let fixture = try await LegacyFixture.start(options)
     for (user, texts) in prefill { await fixture.append(user: user, texts: texts) }
@@ -37,7 +38,7 @@ struct UpstreamHarness {
         baseURL: "http://\(fixture.address)", holdSeconds: hold, marginSeconds: 1, requestTimeout: 3)
     }
     let relay = try await Relay.start(
-      server: ServerSettings(host: "127.0.0.1", port: 0), feed: FeedSettings(heartbeatInterval: 5),
+      server: ServerSettings(host: "127.0.0.1", port: 0), feed: feed,
       logger: Logger(label: "test", level: .critical),
       upstream: .init(adapter: adapter, settings: settings, apiKey: options.apiKey, seed: 1))
     return UpstreamHarness(fixture: fixture, relay: relay)

@@ -15,12 +15,14 @@ public enum FixtureCommand {
       --api-key KEY           the key POST /api/session accepts (default dev-key)
       --user-id ID            the primary account (default 101)
       --linked-user-id ID     the linked account at start, or none (default 202)
+      --chatter SECONDS       append a demo message every SECONDS (default: off)
       -h, --help, --version
     """
 
   public static func run(arguments: [String]) async -> Int32 {
     var options = LegacyFixture.Options()
     options.port = 8081
+    var chatter: Double?
     var index = 0
     func fail(_ message: String) -> Int32 {
       FileHandle.standardError.write(Data("Error: \(message)\n\n\(usage)\n".utf8))
@@ -65,6 +67,11 @@ public enum FixtureCommand {
       case "--linked-user-id":
         guard let user = next(), !user.isEmpty else { return fail("--linked-user-id needs a value") }
         options.linkedUserID = user == "none" ? nil : user
+      case "--chatter":
+        guard let text = next(), let seconds = Double(text), seconds > 0 else {
+          return fail("--chatter needs a number of seconds above 0")
+        }
+        chatter = seconds
       default:
         return fail("unknown option \(name)")
       }
@@ -76,6 +83,7 @@ public enum FixtureCommand {
       FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
       return 69
     }
+    if let chatter { await fixture.startChatter(every: chatter) }
     print("listening on \(fixture.address)")
     fflush(nil)
     _ = await SignalWaiter.wait(loop: fixture.loop, signals: [SIGTERM, SIGINT])

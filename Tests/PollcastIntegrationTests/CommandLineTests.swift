@@ -86,3 +86,37 @@ import Testing
     #expect(result.stdout.contains("[redacted]"))
   }
 }
+
+@Suite struct FixtureCommandTests {
+  @Test func fixtureServesTheLegacyAPIAndChattersWhenAsked() throws {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: builtProduct("pollcast-legacy-fixture"))
+    process.arguments = ["--listen", "127.0.0.1:0", "--chatter", "0.1", "--linked-user-id", "none"]
+    let out = Pipe()
+    process.standardOutput = out
+    try process.run()
+    defer {
+      kill(process.processIdentifier, SIGTERM)
+      process.waitUntilExit()
+    }
+    let line = String(decoding: out.fileHandleForReading.availableData, as: UTF8.self)
+    #expect(line.hasPrefix("listening on 127.0.0.1:"))
+    let address = String(line.split(separator: "\n")[0].dropFirst("listening on ".count))
+    let session = try run(
+      "/usr/bin/curl", ["-s", "-X", "POST", "-H", "Authorization: Bearer dev-key", "http://\(address)/api/session"])
+    #expect(session.stdout.contains(#""linked_user_id":null"#))
+    usleep(400_000)
+    let stats = try run("/usr/bin/curl", ["-s", "http://\(address)/_control/stats"]).stdout
+    let count = try RawJSON.parse(stats)["messages"]?["101"]?.unsignedID ?? 0
+    #expect(count >= 2, "\(stats)")
+    let bad = try run(
+      "/usr/bin/curl", ["-s", "-w", " %{http_code}", "-X", "POST", "-d", "{", "http://\(address)/_control/messages"])
+    #expect(bad.stdout.hasSuffix(" 400"))
+  }
+
+  @Test func fixtureUsageErrorsExit64() throws {
+    let result = try run(builtProduct("pollcast-legacy-fixture"), ["--chatter", "-1"])
+    #expect(result.code == 64)
+    #expect(result.stderr.hasPrefix("Error: --chatter"))
+  }
+}

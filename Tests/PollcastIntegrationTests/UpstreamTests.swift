@@ -178,6 +178,15 @@ import Testing
     await harness.stop()
   }
 
+  @Test func readyWhileALongPollIsSimplyWaiting() async throws {
+    let harness = try await UpstreamHarness.start(hold: 20)
+    try await harness.waitForState(.live)
+    try await harness.waitForParkedPoll()
+    let ready = try run("/usr/bin/curl", ["-s", "-w", " %{http_code}", "http://127.0.0.1:\(harness.port)/readyz"])
+    #expect(ready.stdout.hasSuffix(" 200"), "\(ready.stdout)")
+    await harness.stop()
+  }
+
   @Test func latestStartSkipsExistingMessages() async throws {
     let harness = try await UpstreamHarness.start(prefill: ["101": ["old"]])
     try await harness.waitForState(.live)

@@ -172,6 +172,7 @@ public actor UpstreamWorker {
         assert(statistics.pollsInFlight == 1, "more than one poll in flight")
         statistics.maxPollsInFlight = max(statistics.maxPollsInFlight, statistics.pollsInFlight)
         let started = MonotonicClock.seconds()
+        statistics.pollStarted = started
         let answer: UpstreamPollAnswer
         do throws(UpstreamError) {
           answer = try await adapter.poll(client, cursors: cursors, isolation: self)
@@ -351,14 +352,19 @@ public actor UpstreamWorker {
     return copy
   }
 
-  /// `/readyz`: ready when a session is established and a poll completed within the window.
+  /// `/readyz`: ready when a session is established and the upstream answered recently: a poll completed, or
+  /// the poll now hanging started, within the window (a long-poll that is simply waiting is healthy).
   public func readiness() -> (ready: Bool, reason: String) {
     if state == .idle { return (true, "idle: no subscribers") }
     guard adapter.hasSession else { return (false, "no upstream session") }
-    guard let last = statistics.lastPollCompleted else { return (false, "no poll completed yet") }
+    guard state != .backoff else { return (false, "upstream failing: backing off (attempt \(backoff.attempt))") }
+    let inFlightSince = statistics.pollsInFlight > 0 ? statistics.pollStarted : nil
+    guard let last = [statistics.lastPollCompleted, inFlightSince].compactMap({ $0 }).max() else {
+      return (false, "no poll yet")
+    }
     let age = MonotonicClock.seconds() - last
     guard age <= settings.readyWindow else {
-      return (false, "last poll completed \(Int(age)) s ago (window \(Int(settings.readyWindow)) s)")
+      return (false, "no upstream answer for \(Int(age)) s (window \(Int(settings.readyWindow)) s)")
     }
     return (true, "ok")
   }
@@ -380,6 +386,8 @@ public struct UpstreamStatistics: Sendable {
   public var backoffAttempt = 0
   public var nextRetryDelay = 0.0
   public var lastPollCompleted: Double?
+  /// When the latest poll was sent.
+  public var pollStarted: Double?
   public var pollDurations = Histogram(bounds: [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60])
   public var cursors: [String: UInt64] = [:]
   public var hasSession = false

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Proves that docker/Dockerfile's runtime stage is complete without a Docker engine: a minimal Debian 12 root
+# filesystem (debootstrap minbase, the base of debian:bookworm-slim) gets exactly the packages listed in
+# docker/runtime-packages.txt, the release binaries are copied in, and under chroot, as the image's non-root
+# user, the fixture and the relay start, the HEALTHCHECK command passes, and an event flows from the fixture to
+# an SSE client. Needs root. The bare root filesystem is cached in /var/cache/pollcast between runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+cache=/var/cache/pollcast
+tarball=$cache/bookworm-minbase.tar
+root=$(mktemp -d /tmp/pollcast-rootfs.XXXXXX)
+work=$(mktemp -d /tmp/pollcast-check.XXXXXX)
+pids=()
+
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  sleep 0.2
+  umount "$root/dev" 2>/dev/null || true
+  umount "$root/proc" 2>/dev/null || true
+  rm -rf "$root" "$work"
+}
+trap cleanup EXIT
+fail() { echo "runtime-stage check FAILED: $*" >&2; for f in "$work"/*.log; do echo "--- $f" >&2; tail -20 "$f" >&2; done; exit 1; }
+step() { echo "runtime-stage check: $*"; }
+
+command -v debootstrap >/dev/null || { apt-get update -qq; apt-get install -y -qq --no-install-recommends debootstrap; }
+
+mkdir -p "$cache"
+if [ -s "$tarball" ]; then
+  step "reusing the cached Debian 12 minbase root filesystem"
+  tar -xf "$tarball" -C "$root"
+else
+  step "debootstrap --variant=minbase bookworm (cached afterwards)"
+  debootstrap --variant=minbase bookworm "$root" "$mirror" >"$work/debootstrap.log" 2>&1 || fail "debootstrap"
+  tar -cf "$tarball.tmp" -C "$root" . && mv "$tarball.tmp" "$tarball"
+fi
+
+# mktemp made the directory 0700 (and the cached tarball keeps that): the image's user must be able to enter /.
+chmod 0755 "$root"
+mount -t proc proc "$root/proc"
+mount --bind /dev "$root/dev"
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+
+packages=$(grep -v '^#' docker/runtime-packages.txt | grep -v '^[[:space:]]*$' | xargs)
+step "installing the runtime packages: $packages"
+chroot "$root" apt-get update -qq >"$work/apt.log" 2>&1 || fail "apt-get update in the root filesystem"
+chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages \
+  >>"$work/apt.log" 2>&1 || fail "apt-get install $packages"
+chroot "$root" useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin pollcast
+
+step "building release binaries (--static-swift-stdlib, as the Dockerfile does)"
+swift build -c release --static-swift-stdlib --product pollcast >"$work/build.log" 2>&1 || fail "swift build pollcast"
+swift build -c release --static-swift-stdlib --product pollcast-legacy-fixture >>"$work/build.log" 2>&1 \
+  || fail "swift build pollcast-legacy-fixture"
+bin=$(swift build -c release --show-bin-path)
+install -m 0755 "$bin/pollcast" "$bin/pollcast-legacy-fixture" "$root/usr/local/bin/"
+mkdir -p "$root/etc/pollcast"
+cp Config/pollcast.json "$root/etc/pollcast/pollcast.json"
+
+for binary in pollcast pollcast-legacy-fixture; do
+  if chroot "$root" ldd "/usr/local/bin/$binary" | grep -q "not found"; then
+    chroot "$root" ldd "/usr/local/bin/$binary" >&2
+    fail "$binary needs a library the runtime packages do not provide"
+  fi
+done
+
+wait_line() {  # file, seconds
+  for _ in $(seq 1 $(( $2 * 20 ))); do
+    if grep -q "listening on" "$1" 2>/dev/null; then head -1 "$1" | sed 's/listening on //'; return 0; fi
+    sleep 0.05
+  done
+  return 1
+}
+
+step "starting the fixture and the relay under chroot as uid 10001"
+chroot --userspec=10001:10001 "$root" /usr/local/bin/pollcast-legacy-fixture --listen 127.0.0.1:0 \
+  >"$work/fixture.out" 2>"$work/fixture.log" &
+pids+=($!)
+fixture=$(wait_line "$work/fixture.out" 10) || fail "the fixture did not start"
+chroot --userspec=10001:10001 "$root" env POLLCAST_CONFIG=/etc/pollcast/pollcast.json POLLCAST_LISTEN=127.0.0.1:0 \
+  POLLCAST_UPSTREAM_URL="http://$fixture" POLLCAST_UPSTREAM_API_KEY=dev-key /usr/local/bin/pollcast \
+  >"$work/relay.out" 2>"$work/relay.log" &
+relay_pid=$!
+pids+=($relay_pid)
+relay=$(wait_line "$work/relay.out" 10) || fail "the relay did not start"
+
+step "HEALTHCHECK command (curl inside the root filesystem) against /healthz"
+chroot --userspec=10001:10001 "$root" curl -fsS -o /dev/null "http://$relay/healthz" || fail "healthcheck"
+
+for _ in $(seq 1 100); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$relay/readyz")" = 200 ] && break
+  sleep 0.1
+done
+[ "$(curl -s -o /dev/null -w '%{http_code}' "http://$relay/readyz")" = 200 ] || fail "/readyz never became ready"
+
+step "streaming an event from the fixture through the relay"
+curl -sN --max-time 20 "http://$relay/events" >"$work/events.txt" 2>/dev/null &
+pids+=($!)
+sleep 0.5
+curl -fsS -X POST "http://$fixture/_control/messages" -d '{"user_id":"101","text":"hello from the runtime stage"}' \
+  >/dev/null || fail "injecting a message"
+for _ in $(seq 1 100); do
+  grep -q "hello from the runtime stage" "$work/events.txt" && break
+  sleep 0.1
+done
+grep -q "hello from the runtime stage" "$work/events.txt" || fail "the event did not reach the SSE client"
+
+step "SIGTERM: the relay exits 0"
+kill -TERM "$relay_pid"
+wait "$relay_pid" || fail "the relay exited with $?"
+echo "runtime-stage check passed: the runtime packages ($packages) are sufficient"

@@ -18,6 +18,8 @@ final class PendingPoll: @unchecked Sendable {  // loop thread only
   let cursors: [(user: String, id: UInt64)]
   let fault: FixtureFault?
   var timer: LoopTimer?
+  /// Set once the answer is decided (a delayed answer waits with it set, so new messages do not re-arm it).
+  var answering = false
   weak var watch: ConnectionWatch?
   /// A read event on the client's socket while the poll is parked: evhttp stops reading once a request is in,
   /// so without it a client that gives up would go unnoticed and still count as in flight.
@@ -193,14 +195,16 @@ extension LegacyFixture {
   }
 
   func wake(user: String) {
-    for poll in pending.values where poll.fault != .hang && poll.cursors.contains(where: { $0.user == user }) {
+    for poll in pending.values
+    where !poll.answering && poll.fault != .hang && poll.cursors.contains(where: { $0.user == user }) {
       if hasNews(poll) { answer(poll) }
     }
   }
 
   /// Builds the answer now and sends it, bent by the poll's fault.
   func answer(_ poll: PendingPoll) {
-    guard pending[poll.id] != nil else { return }
+    guard pending[poll.id] != nil, !poll.answering else { return }
+    poll.answering = true
     poll.timer = nil
     let body = answerBody(poll)
     switch poll.fault {

@@ -238,22 +238,23 @@ import Testing
   @Test func genericAdapterPollsASingleStreamEndpoint() async throws {
     let generic = GenericAdapter.Settings(
       urlTemplate: "http://FIXTURE/api/feed?user=101&after={cursor}&timeout=1", eventsPointer: "/data/items",
-      idPointer: "/seq", headers: ["X-Demo: 1"], stream: "feed", timeout: 3)
-    let harness = try await UpstreamHarness.start(generic: generic)
+      idPointer: "/seq", headers: ["X-Demo: 1"], stream: "feed", timeout: 3, initialCursor: 1)
+    // Message 1 exists before the start; the initial cursor 1 skips it.
+    let harness = try await UpstreamHarness.start(prefill: ["101": ["g1"]], generic: generic)
     try await harness.waitForState(.live)
     let client = try TestSSEClient(port: harness.port, path: "/events?stream=feed")
     try await harness.waitForParkedPoll()
-    await harness.fixture.append(user: "101", texts: ["g1", "g2"])
+    await harness.fixture.append(user: "101", texts: ["g2", "g3"])
     await harness.fixture.queue([.duplicate])
-    await harness.fixture.append(user: "101", texts: ["g3"])
+    await harness.fixture.append(user: "101", texts: ["g4"])
     try client.waitUntil(timeout: 10, "three events") { $0.events(ofType: "message").count >= 3 }
     try client.pump(timeout: 0.3)
     let events = client.events(ofType: "message")
     #expect(events.count == 3)
     let seqs = events.compactMap { try? RawJSON.parse($0.data)["upstream_id"]?.unsignedID }
-    #expect(seqs == [1, 2, 3])
+    #expect(seqs == [2, 3, 4])
     #expect(events[0].data.contains(#""stream":"feed""#))
-    #expect(events[0].data.contains(#""message":{"seq":1,"message":{"id":1"#))
+    #expect(events[0].data.contains(#""message":{"seq":2,"message":{"id":2"#))
     await harness.stop()
   }
 }

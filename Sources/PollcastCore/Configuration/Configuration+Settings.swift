@@ -27,6 +27,12 @@ extension Configuration {
     .int(
       "sse.max_pending_bytes", \.sse.maxPendingBytes,
       "Unsent bytes a client may fall behind by before it is disconnected."),
+    .double(
+      "sse.max_connection_age_seconds", \.sse.maxConnectionAgeSeconds,
+      "End streams after this long so clients reconnect and resume; 0 never."),
+    .double(
+      "sse.max_connection_age_jitter_seconds", \.sse.maxConnectionAgeJitterSeconds,
+      "Random extra age, 0 to this, so streams do not end together."),
     .int(
       "sse.replay_chunk_bytes", \.sse.replayChunkBytes,
       "Replay queued per step for a resuming client before waiting for its socket."),
@@ -75,6 +81,9 @@ extension Configuration {
       "RFC 6901 pointer to an event's id (an unsigned integer) inside the event."),
     .list("generic.headers", \.generic.headers, "Static request headers, \"Name: value\" (values never logged)."),
     .string("generic.stream", \.generic.stream, "Stream name the generic adapter's events carry."),
+    .string(
+      "generic.initial_cursor", \.generic.initialCursor,
+      "Cursor of the first poll (events after it are relayed); empty starts from 0."),
     .double("generic.timeout_seconds", \.generic.timeoutSeconds, "Client-side deadline of one generic poll."),
   ]
 }

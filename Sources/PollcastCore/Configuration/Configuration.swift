@@ -112,9 +112,12 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var headers: [String] = []
     public var stream = "default"
     public var timeoutSeconds = 60.0
+    /// Digits; empty starts from 0.
+    public var initialCursor = ""
 
     enum CodingKeys: String, CodingKey {
       case headers, stream
+      case initialCursor = "initial_cursor"
       case urlTemplate = "url_template"
       case eventsPointer = "events_pointer"
       case idPointer = "id_pointer"
@@ -251,6 +254,9 @@ extension Configuration {
         problems.append("generic.headers: \"\(header.prefix(40))\" is not \"Name: value\"")
       }
       if generic.stream.isEmpty { problems.append("generic.stream: must not be empty") }
+      if !generic.initialCursor.isEmpty && ResumeDecision.parseEventID(generic.initialCursor) == nil {
+        problems.append("generic.initial_cursor: \"\(generic.initialCursor)\" is not an unsigned integer")
+      }
       if !(generic.timeoutSeconds > 0) { problems.append("generic.timeout_seconds: must be greater than 0") }
     default:
       problems.append("upstream.adapter: \"\(upstream.adapter)\" is not chat or generic")
@@ -297,7 +303,8 @@ extension Configuration {
         settings: .init(
           urlTemplate: generic.urlTemplate, eventsPointer: generic.eventsPointer, idPointer: generic.idPointer,
           headers: generic.headers, stream: generic.stream, timeout: generic.timeoutSeconds,
-          connectTimeout: upstream.connectTimeoutSeconds))
+          connectTimeout: upstream.connectTimeoutSeconds,
+          initialCursor: ResumeDecision.parseEventID(generic.initialCursor) ?? 0))
     }
     return ChatAdapter(
       baseURL: upstream.url, holdSeconds: upstream.pollTimeoutSeconds, marginSeconds: upstream.requestMarginSeconds,

@@ -14,11 +14,14 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
     /// Client-side deadline of one poll.
     public var timeout: Double
     public var connectTimeout: Double
+    /// The cursor of the first poll (events after it are relayed).
+    public var initialCursor: UInt64
 
     public init(
       urlTemplate: String, eventsPointer: String = "", idPointer: String = "/id", headers: [String] = [],
-      stream: String = "default", timeout: Double = 60, connectTimeout: Double = 5
+      stream: String = "default", timeout: Double = 60, connectTimeout: Double = 5, initialCursor: UInt64 = 0
     ) {
+      self.initialCursor = initialCursor
       self.urlTemplate = urlTemplate
       self.eventsPointer = eventsPointer
       self.idPointer = idPointer
@@ -39,7 +42,8 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
   public func prepare(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> UpstreamPreparation
   {
-    UpstreamPreparation(streams: [settings.stream], lastIDs: nil)
+    UpstreamPreparation(
+      streams: [settings.stream], lastIDs: nil, initialCursors: [settings.stream: settings.initialCursor])
   }
 
   public func poll(

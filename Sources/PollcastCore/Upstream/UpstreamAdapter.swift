@@ -16,10 +16,13 @@ public struct UpstreamPreparation: Sendable, Equatable {
   public var streams: [String]
   /// Server's last id per stream; nil when the API cannot tell (the generic adapter).
   public var lastIDs: [String: UInt64]?
+  /// Where a stream starts when the relay has no cursor and the API cannot tell its newest id.
+  public var initialCursors: [String: UInt64]
 
-  public init(streams: [String], lastIDs: [String: UInt64]?) {
+  public init(streams: [String], lastIDs: [String: UInt64]?, initialCursors: [String: UInt64] = [:]) {
     self.streams = streams
     self.lastIDs = lastIDs
+    self.initialCursors = initialCursors
   }
 }
 

@@ -247,7 +247,9 @@ public actor UpstreamWorker {
       guard let cursor = cursors[stream] else {
         // A stream seen for the first time: the first start follows start_from; a stream attached later
         // starts from the server's newest id (only new messages).
-        if !hadSession && settings.startFrom == .earliest {
+        if serverLast == nil {
+          cursors[stream] = preparation.initialCursors[stream] ?? 0
+        } else if !hadSession && settings.startFrom == .earliest {
           cursors[stream] = 0
           if let serverLast, serverLast > 0 { backlogUntil[stream] = serverLast }
         } else {

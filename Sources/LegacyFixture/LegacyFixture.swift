@@ -144,6 +144,9 @@ public actor LegacyFixture {
 
   public func queue(_ faults: [FixtureFault]) { self.faults += faults }
 
+  /// Every token issued so far (tests check that none of them reaches a log).
+  public func issuedTokens() -> [String] { Array(sessions.keys) }
+
   public func statistics() -> Stats {
     var snapshot = stats
     snapshot.faultsPending = faults.count

@@ -1,4 +1,5 @@
 import Foundation
+import LegacyFixture
 import PollcastCore
 import Testing
 
@@ -118,5 +119,45 @@ import Testing
     let result = try run(builtProduct("pollcast-legacy-fixture"), ["--chatter", "-1"])
     #expect(result.code == 64)
     #expect(result.stderr.hasPrefix("Error: --chatter"))
+  }
+}
+
+@Suite struct SecretsInLogsTests {
+  @Test func neitherTheAPIKeyNorAnySessionTokenReachesTheLogsEvenAtTrace() async throws {
+    var options = LegacyFixture.Options()
+    options.apiKey = "sekrit-KEY-4711"
+    let fixture = try await LegacyFixture.start(options)
+    let logFile = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-log-\(getpid()).txt")
+    FileManager.default.createFile(atPath: logFile.path, contents: nil)
+    defer { try? FileManager.default.removeItem(at: logFile) }
+    let log = try FileHandle(forWritingTo: logFile)
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: builtProduct("pollcast"))
+    process.arguments = [
+      "--listen", "127.0.0.1:0", "--upstream-url", "http://\(fixture.address)", "--log-level", "trace",
+      "--upstream-poll-timeout-seconds", "1",
+    ]
+    process.environment = ["POLLCAST_UPSTREAM_API_KEY": "sekrit-KEY-4711"]
+    process.standardOutput = FileHandle.nullDevice
+    process.standardError = log
+    try process.run()
+    // Sessions, polls, expiries and a failure: every code path that logs.
+    try await Task.sleep(for: .milliseconds(500))
+    await fixture.append(user: "101", texts: ["one"])
+    await fixture.expireTokens()
+    await fixture.queue([.status(500)])
+    await fixture.append(user: "101", texts: ["two"])
+    try await Task.sleep(for: .milliseconds(2500))
+    kill(process.processIdentifier, SIGTERM)
+    process.waitUntilExit()
+    try? log.close()
+    let text = try String(contentsOf: logFile, encoding: .utf8)
+    let tokens = await fixture.issuedTokens()
+    #expect(tokens.count >= 2)
+    #expect(text.contains("upstream session started"))
+    #expect(text.contains("token=[redacted]"))
+    #expect(!text.contains("sekrit-KEY-4711"))
+    for token in tokens { #expect(!text.contains(token)) }
+    await fixture.shutdown()
   }
 }

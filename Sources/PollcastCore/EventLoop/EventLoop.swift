@@ -51,6 +51,12 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
     }
     guard shouldStart else { return }
     let thread = Thread { [self] in
+      // A parent may start us with termination signals blocked (they are inherited); the loop thread must be
+      // able to take them, or SIGTERM would stay pending forever and shutdown never begin.
+      var signals = sigset_t()
+      sigemptyset(&signals)
+      for signum in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&signals, signum) }
+      pthread_sigmask(SIG_UNBLOCK, &signals, nil)
       loopThreadID.store(UInt(bitPattern: Int(bitPattern: pthread_self())), ordering: .releasing)
       event_base_loop(base, EVLOOP_NO_EXIT_ON_EMPTY)
       // Run whatever was enqueued before the loop broke so that no continuation is left hanging forever.

@@ -7,6 +7,7 @@ let package = Package(
   products: [
     .executable(name: "pollcast", targets: ["pollcast"]),
     .executable(name: "pollcast-legacy-fixture", targets: ["pollcast-legacy-fixture"]),
+    .executable(name: "pollcast-bench", targets: ["pollcast-bench"]),
     .library(name: "PollcastCore", targets: ["PollcastCore"]),
   ],
   targets: [
@@ -32,13 +33,21 @@ let package = Package(
       name: "pollcast-legacy-fixture",
       dependencies: ["LegacyFixture"]
     ),
+    .target(
+      name: "PollcastBench",
+      dependencies: ["PollcastCore", "CLibevent"]
+    ),
+    .executableTarget(
+      name: "pollcast-bench",
+      dependencies: ["PollcastBench"]
+    ),
     .executableTarget(
       name: "pollcast",
       dependencies: ["PollcastCore", "LegacyFixture"]
     ),
     .testTarget(
       name: "PollcastCoreTests",
-      dependencies: ["PollcastCore"]
+      dependencies: ["PollcastCore", "PollcastBench"]
     ),
     .testTarget(
       name: "PollcastIntegrationTests",

@@ -16,11 +16,11 @@ public actor Feed {
   private var nextSubscriberNumber = 1
   private var stats = FeedStatistics()
   /// The newest `upstream` status event (no id), sent to every subscriber when it goes live.
-  private var statusEvent: ByteSlice?
+  private var statusEvent: BroadcastBytes?
   private var heartbeatTimer: LoopTimer?
   private var ageTimer: LoopTimer?
   private var ageRandom = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
-  private let heartbeatBytes = ByteSlice(SSEEncoder.comment("heartbeat"))
+  private let heartbeatBytes = BroadcastBytes(SSEEncoder.comment("heartbeat"))
   private let preamble: ByteSlice
   private var subscriberObservers: [(Int) -> Void] = []
 
@@ -81,20 +81,21 @@ public actor Feed {
   @discardableResult
   public func publish(_ events: [FeedEvent]) -> [UInt64] {
     guard !events.isEmpty else { return [] }
-    var bytes: [UInt8] = []
-    bytes.reserveCapacity(events.reduce(0) { $0 + $1.data.utf8.count + 64 })
     var assigned: [UInt64] = []
     assigned.reserveCapacity(events.count)
     var bounds: [(offset: Int, count: Int)] = []
     bounds.reserveCapacity(events.count)
-    for event in events {
-      let id = ids.next()
-      let offset = bytes.count
-      SSEEncoder.appendEvent(id: id, type: event.type, data: event.data, to: &bytes)
-      assigned.append(id)
-      bounds.append((offset, bytes.count - offset))
+    let batchBytes = BroadcastBytes { bytes in
+      bytes.reserveCapacity(bytes.count + events.reduce(0) { $0 + $1.data.utf8.count + 64 })
+      for event in events {
+        let id = ids.next()
+        let offset = bytes.count
+        SSEEncoder.appendEvent(id: id, type: event.type, data: event.data, to: &bytes)
+        assigned.append(id)
+        bounds.append((offset, bytes.count - offset))
+      }
     }
-    let block = SharedBytes(bytes)
+    let block = batchBytes.payload.block
     let now = MonotonicClock.seconds()
     var batch: [ReplayRing.Entry] = []
     batch.reserveCapacity(events.count)
@@ -108,16 +109,16 @@ public actor Feed {
       if let stream = event.stream { stats.eventsPublishedByStream[stream, default: 0] += 1 }
     }
     ring.evictExpired(now: now)
-    fanOut(batch, whole: ByteSlice(block: block, offset: 0, count: block.count))
+    fanOut(batch, whole: batchBytes)
     return assigned
   }
 
   /// Broadcasts an `upstream` status event (no id; not replayed) and remembers it for new subscribers.
   public func publishStatus(_ data: String) {
-    let slice = ByteSlice(SSEEncoder.event(id: nil, type: "upstream", data: data))
-    statusEvent = slice
+    let bytes = BroadcastBytes(SSEEncoder.event(id: nil, type: "upstream", data: data))
+    statusEvent = bytes
     for subscriber in subscribers where subscriber.mode == .live && !subscriber.isClosed {
-      send([slice], to: subscriber)
+      broadcast(bytes, to: subscriber)
     }
   }
 
@@ -127,12 +128,12 @@ public actor Feed {
     ring.removeAll(stream: stream)
   }
 
-  private func fanOut(_ batch: [ReplayRing.Entry], whole: ByteSlice) {
+  private func fanOut(_ batch: [ReplayRing.Entry], whole: BroadcastBytes) {
     guard let last = batch.last?.id else { return }
     var filtered: [ByteSlice] = []
     for subscriber in subscribers where subscriber.mode == .live && !subscriber.isClosed {
       if subscriber.streams == nil {
-        send([whole], to: subscriber)
+        broadcast(whole, to: subscriber)
       } else {
         filtered.removeAll(keepingCapacity: true)
         for entry in batch where subscriber.wants(entry.stream) {
@@ -162,6 +163,19 @@ public actor Feed {
     }
     stats.bytesQueued += size
     subscriber.sink.write(slices)
+  }
+
+  /// The fan-out fast path: one shared, pre-framed reference for a live subscriber, or a disconnect when its
+  /// backlog would pass the bound.
+  @inline(__always)
+  private func broadcast(_ bytes: BroadcastBytes, to subscriber: Subscriber) {
+    let size = bytes.payload.count
+    if subscriber.sink.pendingBytes + size > settings.maxPendingBytes {
+      disconnectSlow(subscriber)
+      return
+    }
+    stats.bytesQueued += size
+    subscriber.sink.write(bytes)
   }
 
   private func disconnectSlow(_ subscriber: Subscriber) {
@@ -205,7 +219,7 @@ public actor Feed {
       subscriber.cursor = after
       subscriber.mode = .replaying
     }
-    if subscriber.mode == .live, let statusEvent { opening.append(statusEvent) }
+    if subscriber.mode == .live, let statusEvent { opening.append(statusEvent.payload) }
     stats.bytesQueued += opening.reduce(0) { $0 + $1.count }
     subscriber.sink.write(opening)
     if subscriber.mode == .replaying { pump(subscriber) }
@@ -259,7 +273,7 @@ public actor Feed {
     if position >= ring.endIndex {
       subscriber.cursor = ids.head
       subscriber.mode = .live
-      if let statusEvent { slices.append(statusEvent) }
+      if let statusEvent { slices.append(statusEvent.payload) }
     }
     stats.replayedEvents += replayed
     stats.bytesQueued += size
@@ -289,7 +303,7 @@ public actor Feed {
   private func tick() {
     ring.evictExpired(now: MonotonicClock.seconds())
     for subscriber in subscribers where subscriber.mode == .live && !subscriber.isClosed {
-      send([heartbeatBytes], to: subscriber)
+      broadcast(heartbeatBytes, to: subscriber)
     }
   }
 

@@ -48,3 +48,37 @@ public struct ByteSlice: Sendable {
     next.block === block && next.offset == offset + count
   }
 }
+
+/// Bytes every live subscriber receives alike (a batch of events, a heartbeat, a status event), encoded once
+/// with the HTTP/1.1 chunk framing around them, so a chunked reply takes `framed` and an HTTP/1.0 reply takes
+/// `payload` — both one reference into the same block, no per-subscriber framing or copying.
+public struct BroadcastBytes: Sendable {
+  /// `<hex length>\r\n<payload>\r\n`.
+  public let framed: ByteSlice
+  public let payload: ByteSlice
+
+  /// Frames `payload` bytes; `build` appends the payload to the array it is given.
+  public init(building build: (inout [UInt8]) -> Void) {
+    var bytes: [UInt8] = Array(repeating: 0x30, count: BroadcastBytes.headerWidth + 2)
+    let start = bytes.count
+    build(&bytes)
+    let length = bytes.count - start
+    bytes.append(contentsOf: [13, 10])
+    // The header is right-aligned in its fixed-width slot: "  1f4\r\n" is not valid, so skip the leading part.
+    let hex = Array(String(length, radix: 16).utf8)
+    let headerStart = start - 2 - hex.count
+    bytes.replaceSubrange(headerStart..<(start - 2), with: hex)
+    bytes[start - 2] = 13
+    bytes[start - 1] = 10
+    let block = SharedBytes(bytes)
+    framed = ByteSlice(block: block, offset: headerStart, count: bytes.count - headerStart)
+    payload = ByteSlice(block: block, offset: start, count: length)
+  }
+
+  public init(_ payload: [UInt8]) {
+    self.init { $0.append(contentsOf: payload) }
+  }
+
+  /// Room for the hex length of any payload up to 2⁶⁴ bytes.
+  static let headerWidth = 16
+}

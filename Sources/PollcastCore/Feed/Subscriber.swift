@@ -5,6 +5,8 @@ public protocol SubscriberSink: AnyObject, Sendable {
   var pendingBytes: Int { get }
   /// Queues the slices, in order, without copying them.
   func write(_ slices: [ByteSlice])
+  /// Queues bytes every live subscriber receives alike (the fan-out fast path: one reference, framing included).
+  func write(_ bytes: BroadcastBytes)
   /// Queues the slices and calls `drained` once everything queued so far has been written to the socket.
   func write(_ slices: [ByteSlice], whenDrained drained: @escaping () -> Void)
   /// Ends the stream cleanly after what is queued (shutdown, maximum connection age).

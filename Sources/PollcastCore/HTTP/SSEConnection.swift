@@ -10,6 +10,9 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
   private var connection: OpaquePointer?
   private let scratch: EventBuffer
   private var drained: (() -> Void)?
+  /// The connection's output buffer, looked up once when the reply starts.
+  private var output: OpaquePointer?
+  private var chunked = false
   /// Called once when the client disconnects or the connection is dropped.
   var onClose: (() -> Void)?
   private(set) var isOpen = true
@@ -28,11 +31,29 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
     // Released in sseConnectionClosed, which evhttp calls exactly once when this connection goes away.
     evhttp_connection_set_closecb(connection, sseConnectionClosed, Unmanaged.passRetained(self).toOpaque())
     evhttp_send_reply_start(request, 200, "OK")
+    // evhttp chose chunked framing (HTTP/1.1) or none (HTTP/1.0, close-delimited) and said so in the headers.
+    if let headers = evhttp_request_get_output_headers(request),
+      let encoding = evhttp_find_header(headers, "Transfer-Encoding")
+    {
+      chunked = String(cString: encoding).lowercased() == "chunked"
+    }
+    if let bev = evhttp_connection_get_bufferevent(connection) { output = bufferevent_get_output(bev) }
   }
 
   var pendingBytes: Int {
-    guard isOpen, let connection, let bev = evhttp_connection_get_bufferevent(connection) else { return 0 }
-    return evbuffer_get_length(bufferevent_get_output(bev))
+    guard isOpen, let output else { return 0 }
+    return evbuffer_get_length(output)
+  }
+
+  /// Adds one reference straight to the connection's output: evhttp already has the reply in its writing
+  /// state (write callback set, EV_WRITE enabled), so this is what evhttp_send_reply_chunk would do, minus the
+  /// per-call chunk-header formatting and callback re-arming.
+  func write(_ bytes: BroadcastBytes) {
+    guard isOpen, request != nil, let output else { return }
+    let slice = chunked ? bytes.framed : bytes.payload
+    // One retain per reference; sharedBytesReleased gives it back when libevent frees that chain.
+    let owner = Unmanaged.passRetained(slice.block).toOpaque()
+    evbuffer_add_reference(output, slice.block.base + slice.offset, slice.count, sharedBytesReleased, owner)
   }
 
   func write(_ slices: [ByteSlice]) {
@@ -65,6 +86,7 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
     evhttp_send_reply_end(request)
     // evhttp frees the request once the last chunk is written; from here on only the close callback remains.
     self.request = nil
+    output = nil
   }
 
   func abort() {
@@ -78,6 +100,7 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
     isOpen = false
     request = nil
     connection = nil
+    output = nil
     drained = nil
     let handler = onClose
     onClose = nil

@@ -73,6 +73,7 @@ public enum PollcastCommand {
       return 0
     }
     let logger = configuration.logger
+    let descriptors = raiseDescriptorLimit()
     var demo: DemoUpstream?
     if options.demo {
       guard let startDemo else {
@@ -101,7 +102,9 @@ public enum PollcastCommand {
     }
     print("listening on \(relay.address)")
     fflush(nil)
-    logger.info("listening", metadata: ["address": relay.address, "version": PollcastVersion.current])
+    logger.info(
+      "listening",
+      metadata: ["address": relay.address, "version": PollcastVersion.current, "max_open_files": String(descriptors)])
     if demo != nil { logger.info("demo running: curl -N http://\(relay.address)/events") }
     let signal = await SignalWaiter.wait(loop: relay.loop, signals: [SIGTERM, SIGINT])
     logger.info("shutting down", metadata: ["signal": "\(signal)"])

@@ -1,0 +1,136 @@
+import Foundation
+
+/// `pollcast-bench` options.
+public struct BenchOptions: Sendable {
+  public enum Mode: String, Sendable { case fanout, storm, idle }
+  public enum Injector: Sendable {
+    /// The reference fixture's control API: POST {"user_id":"101","text":"bench …"}.
+    case fixture(String)
+    /// A plain publish URL (nchan): POST the text as the body.
+    case publish(String)
+  }
+
+  public var target = "http://127.0.0.1:8080/events"
+  public var injector: Injector = .fixture("http://127.0.0.1:8081")
+  public var mode = Mode.fanout
+  public var subscribers = 1000
+  public var messages = 200
+  public var rate = 20.0
+  public var idleSeconds = 60.0
+  public var drainSeconds = 10.0
+  public var relayPIDs: [Int32] = []
+  public var sources = 4
+  public var label = "relay"
+  public var connectBatch = 500
+
+  public static let usage = """
+    USAGE: pollcast-bench --target URL [--inject fixture:URL | publish:URL] [--mode fanout|storm|idle]
+                          [--subscribers N] [--messages M] [--rate R] [--relay-pid PID[,PID…]] [--label NAME]
+
+    Opens N SSE subscribers on the project's libevent loop, injects M messages at R per second (the send time is
+    inside each message), and reports connect time, delivery latency, lost/duplicated/out-of-order events,
+    deliveries per second and, given the relay's pid(s), its CPU per delivery and RSS per subscriber.
+      --mode storm        every subscriber drops halfway and resumes with Last-Event-ID
+      --mode idle         relay CPU over --idle-seconds (default 60) with N idle subscribers
+      --sources K         spread connections over 127.0.0.1…127.0.0.K (default 4)
+      --drain-seconds S   wait this long after the last message for stragglers (default 10)
+    The last line is a machine-readable summary: SUMMARY key=value …
+    """
+
+  public static func parse(_ arguments: [String]) throws -> BenchOptions {
+    var options = BenchOptions()
+    var index = 0
+    func value(_ name: String) throws -> String {
+      guard index < arguments.count else { throw BenchError("\(name) needs a value") }
+      index += 1
+      return arguments[index - 1]
+    }
+    func number(_ name: String) throws -> Double {
+      let text = try value(name)
+      guard let number = Double(text), number >= 0 else { throw BenchError("\(name): not a number: \(text)") }
+      return number
+    }
+    while index < arguments.count {
+      let name = arguments[index]
+      index += 1
+      switch name {
+      case "--target": options.target = try value(name)
+      case "--inject":
+        let text = try value(name)
+        if text.hasPrefix("fixture:") {
+          options.injector = .fixture(String(text.dropFirst("fixture:".count)))
+        } else if text.hasPrefix("publish:") {
+          options.injector = .publish(String(text.dropFirst("publish:".count)))
+        } else {
+          throw BenchError("--inject takes fixture:URL or publish:URL")
+        }
+      case "--mode":
+        let text = try value(name)
+        guard let mode = Mode(rawValue: text) else { throw BenchError("--mode: fanout, storm or idle") }
+        options.mode = mode
+      case "--subscribers": options.subscribers = Int(try number(name))
+      case "--messages": options.messages = Int(try number(name))
+      case "--rate": options.rate = try number(name)
+      case "--idle-seconds": options.idleSeconds = try number(name)
+      case "--drain-seconds": options.drainSeconds = try number(name)
+      case "--sources": options.sources = max(1, min(250, Int(try number(name))))
+      case "--connect-batch": options.connectBatch = max(1, Int(try number(name)))
+      case "--label": options.label = try value(name)
+      case "--relay-pid":
+        options.relayPIDs = try value(name).split(separator: ",").map {
+          guard let pid = Int32($0) else { throw BenchError("--relay-pid: not a pid: \($0)") }
+          return pid
+        }
+      case "-h", "--help": throw BenchError.help
+      default: throw BenchError("unknown option \(name)")
+      }
+    }
+    guard options.rate > 0 || options.mode == .idle else { throw BenchError("--rate must be above 0") }
+    return options
+  }
+}
+
+public struct BenchError: Error, CustomStringConvertible {
+  public var description: String
+  public init(_ description: String) { self.description = description }
+  public static let help = BenchError("help")
+}
+
+/// CPU time and memory of the relay process(es), from /proc.
+struct ProcessSample {
+  var cpuSeconds: Double
+  var rssBytes: Int
+  var userSeconds = 0.0
+
+  static func take(_ pids: [Int32]) -> ProcessSample? {
+    guard !pids.isEmpty else { return nil }
+    var cpu = 0.0
+    var userTotal = 0.0
+    var rss = 0
+    let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))
+    for pid in pids {
+      guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+        let close = stat.lastIndex(of: ")")
+      else { return nil }
+      let fields = stat[stat.index(after: close)...].split(separator: " ")
+      // After the command: state is field 3; utime and stime are fields 14 and 15 (1-based).
+      guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return nil }
+      cpu += (user + system) / ticks
+      userTotal += user / ticks
+      if let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+        let kilobytes = Int(line.split(separator: " ").dropFirst().first ?? "")
+      {
+        rss += kilobytes * 1024
+      }
+    }
+    return ProcessSample(cpuSeconds: cpu, rssBytes: rss, userSeconds: userTotal)
+  }
+
+  static func affinity(_ pid: Int32) -> String {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+      let line = status.split(separator: "\n").first(where: { $0.hasPrefix("Cpus_allowed_list:") })
+    else { return "?" }
+    return line.split(separator: "\t").last.map(String.init) ?? "?"
+  }
+}

@@ -1,0 +1,336 @@
+import CLibevent
+import Foundation
+import PollcastCore
+
+/// Drives one benchmark run. Loop-confined state; `run()` orchestrates from outside the loop with `submit`.
+public final class BenchRunner: BenchRecorder, @unchecked Sendable {
+  let options: BenchOptions
+  let loop: EventLoop
+  private var transport: CurlTransport!
+  private var subscribers: [BenchSubscriber] = []
+  private var target = sockaddr_in()
+  private var host = ""
+  private var path = "/"
+  // Per subscriber: a bitset of received sequence numbers, the count of distinct ones, the largest seen.
+  private var received: [[UInt64]] = []
+  private var distinct: [Int] = []
+  private var highest: [Int] = []
+  private var latencies: [UInt32] = []
+  private var duplicates = 0
+  private var outOfOrder = 0
+  private var foreign = 0
+  private var connectedCount = 0
+  private var failedConnects = 0
+  private var unexpectedDrops = 0
+  private var reconnecting = false
+  private var statusErrors = 0
+  private var injected = 0
+  private var injectFailures = 0
+  private var firstSend = 0.0
+  private var lastDelivery = 0.0
+  private var injectTimer: LoopTimer?
+  /// Injections are sent one at a time (the next waits for the previous answer), so the source assigns ids in
+  /// sequence order and any out-of-order delivery is the relay's.
+  private var injectInFlight = false
+  private var injectBacklog = 0
+  private var sequence = 0
+  private var stormAt: Int?
+  private var stormStarted = 0.0
+  private var stormRecovered = 0.0
+  private var stormReconnected = 0
+
+  public init(options: BenchOptions, loop: EventLoop) {
+    self.options = options
+    self.loop = loop
+  }
+
+  // MARK: Orchestration (off the loop)
+
+  public func run() async throws -> String {
+    checkDescriptorLimit()
+    try parseTarget()
+    let loop = self.loop
+    let made = try await loop.submit { () throws(UpstreamError) -> CurlTransport in try CurlTransport(loop: loop) }
+    await loop.submit { [self] in
+      transport = made
+      received = Array(repeating: Array(repeating: 0, count: (options.messages + 63) / 64 + 1), count: options.subscribers)
+      distinct = Array(repeating: 0, count: options.subscribers)
+      highest = Array(repeating: -1, count: options.subscribers)
+      latencies.reserveCapacity(options.subscribers * options.messages)
+    }
+    let benchAffinity = ProcessSample.affinity(getpid())
+    let relayAffinity = options.relayPIDs.map { ProcessSample.affinity($0) }.joined(separator: ",")
+    print("pollcast-bench: \(options.label) \(options.mode.rawValue) N=\(options.subscribers) M=\(options.messages) rate=\(options.rate)/s")
+    print("pinned: bench on CPUs \(benchAffinity); relay on CPUs \(relayAffinity.isEmpty ? "unknown (no --relay-pid)" : relayAffinity)")
+    let baseline = ProcessSample.take(options.relayPIDs)
+
+    // Connect everyone, in batches so the listen backlog is not flooded.
+    let connectStart = MonotonicClock.seconds()
+    var started = 0
+    while started < options.subscribers {
+      let from = started
+      let to = min(options.subscribers, started + options.connectBatch)
+      await loop.submit { [self] in
+        for index in from..<to {
+          let subscriber = BenchSubscriber(index: index, runner: self)
+          subscribers.append(subscriber)
+          connect(subscriber, lastEventID: nil)
+        }
+      }
+      started = to
+      let settled = to - options.connectBatch / 2
+      try await waitUntil(timeout: 30) { [self] in connectedCount + failedConnects >= settled }
+    }
+    try await waitUntil(timeout: 60) { [self] in connectedCount + failedConnects >= options.subscribers }
+    let connectSeconds = MonotonicClock.seconds() - connectStart
+    let connected = await loop.submit { [self] in connectedCount }
+    print(String(format: "connected %d of %d in %.2f s (%d failed)", connected, options.subscribers, connectSeconds, await loop.submit { [self] in failedConnects }))
+    try await Task.sleep(for: .seconds(1))
+    let afterConnect = ProcessSample.take(options.relayPIDs)
+    var summary: [(String, String)] = [
+      ("target", options.label), ("mode", options.mode.rawValue), ("n", String(options.subscribers)),
+      ("connected", String(connected)), ("connect_s", String(format: "%.3f", connectSeconds)),
+    ]
+    if let baseline, let afterConnect {
+      let perSubscriber = Double(afterConnect.rssBytes - baseline.rssBytes) / Double(max(1, connected))
+      summary.append(("rss_kb_per_sub", String(format: "%.2f", perSubscriber / 1024)))
+      print(String(format: "relay RSS per subscriber: %.2f KB", perSubscriber / 1024))
+    }
+
+    if options.mode == .idle {
+      let before = ProcessSample.take(options.relayPIDs)
+      try await Task.sleep(for: .seconds(options.idleSeconds))
+      let after = ProcessSample.take(options.relayPIDs)
+      if let before, let after {
+        let share = (after.cpuSeconds - before.cpuSeconds) / options.idleSeconds * 100
+        print(String(format: "relay CPU idle over %.0f s: %.3f%% of one core", options.idleSeconds, share))
+        summary.append(("idle_cpu_pct", String(format: "%.4f", share)))
+      }
+      await loop.submit { [self] in for subscriber in subscribers { subscriber.close() } }
+      return summaryLine(summary)
+    }
+
+    let cpuBefore = ProcessSample.take(options.relayPIDs)
+    if options.mode == .storm { await loop.submit { [self] in stormAt = options.messages / 2 } }
+    await loop.submit { [self] in startInjecting() }
+    let sendSeconds = Double(options.messages) / options.rate
+    try await Task.sleep(for: .seconds(sendSeconds))
+    try? await waitUntil(timeout: 30) { [self] in sequence >= options.messages && injected + injectFailures >= options.messages }
+    // Drain: until every connected subscriber has every message, or the drain window passes.
+    try? await waitUntil(timeout: options.drainSeconds) { [self] in
+      distinct.allSatisfy { $0 >= options.messages }
+    }
+    let cpuAfter = ProcessSample.take(options.relayPIDs)
+    let report = await loop.submit { [self] in measure() }
+    await loop.submit { [self] in
+      injectTimer = nil
+      for subscriber in subscribers { subscriber.close() }
+    }
+    print(report.text)
+    summary += report.fields
+    if let cpuBefore, let cpuAfter, report.deliveries > 0 {
+      let perDelivery = (cpuAfter.cpuSeconds - cpuBefore.cpuSeconds) / Double(report.deliveries) * 1e6
+      let userShare = (cpuAfter.userSeconds - cpuBefore.userSeconds) / max(1e-9, cpuAfter.cpuSeconds - cpuBefore.cpuSeconds)
+      print(String(format: "relay CPU per delivery: %.3f µs (%.0f%% user, the rest kernel)", perDelivery, userShare * 100))
+      summary.append(("cpu_us_per_delivery", String(format: "%.3f", perDelivery)))
+      summary.append(("cpu_user_share", String(format: "%.2f", userShare)))
+    }
+    return summaryLine(summary)
+  }
+
+  private func summaryLine(_ fields: [(String, String)]) -> String {
+    "SUMMARY " + fields.map { "\($0.0)=\($0.1)" }.joined(separator: " ")
+  }
+
+  private func waitUntil(timeout: Double, _ condition: @escaping @Sendable () -> Bool) async throws {
+    let deadline = MonotonicClock.seconds() + timeout
+    while !(await loop.submit(condition)) {
+      guard MonotonicClock.seconds() < deadline else { throw BenchError("timed out") }
+      try await Task.sleep(for: .milliseconds(20))
+    }
+  }
+
+  private func checkDescriptorLimit() {
+    let limit = raiseDescriptorLimit()
+    if options.subscribers + 64 > limit {
+      print("warning: \(options.subscribers) subscribers need more than the \(limit) descriptors allowed")
+    }
+  }
+
+  private func parseTarget() throws {
+    guard let url = URL(string: options.target), let hostName = url.host, let port = url.port else {
+      throw BenchError("--target must be http://IPv4:PORT/path")
+    }
+    host = "\(hostName):\(port)"
+    path = url.path.isEmpty ? "/" : url.path + (url.query.map { "?\($0)" } ?? "")
+    target.sin_family = sa_family_t(AF_INET)
+    target.sin_port = UInt16(port).bigEndian
+    guard inet_pton(AF_INET, hostName, &target.sin_addr) == 1 else { throw BenchError("--target needs an IPv4 address") }
+  }
+
+  // MARK: On the loop
+
+  private func connect(_ subscriber: BenchSubscriber, lastEventID: [UInt8]?) {
+    let source = "127.0.0.\(1 + subscriber.index % options.sources)"
+    if !subscriber.connect(
+      loop: loop, source: source, target: target, host: host, path: path, lastEventID: lastEventID)
+    {
+      failedConnects += 1
+    }
+  }
+
+  func subscriberConnected(_ subscriber: BenchSubscriber, status: Int) {
+    if status != 200 {
+      statusErrors += 1
+      failedConnects += 1
+      subscriber.close()
+      return
+    }
+    connectedCount += 1
+    if stormStarted > 0 && stormRecovered == 0 {
+      stormReconnected += 1
+      if stormReconnected == subscribers.count { stormRecovered = MonotonicClock.seconds() }
+    }
+  }
+
+  func subscriberClosed(_ subscriber: BenchSubscriber) {
+    connectedCount -= 1
+    guard !reconnecting else { return }
+    // The server dropped us (slow consumer, restart, connection age): resume like a browser would.
+    unexpectedDrops += 1
+    let lastEventID = subscriber.lastEventID
+    connect(subscriber, lastEventID: lastEventID)
+  }
+
+  func subscriberFailed(_ subscriber: BenchSubscriber) {
+    failedConnects += 1
+  }
+
+  func delivered(_ event: StreamScanner.Event, to subscriber: Int, at micros: UInt64) {
+    let sequence = event.sequence
+    guard sequence >= 0 && sequence < options.messages else {
+      foreign += 1
+      return
+    }
+    let word = sequence / 64
+    let bit = UInt64(1) << UInt64(sequence % 64)
+    if received[subscriber][word] & bit != 0 {
+      duplicates += 1
+      return
+    }
+    received[subscriber][word] |= bit
+    distinct[subscriber] += 1
+    if sequence < highest[subscriber] { outOfOrder += 1 }
+    highest[subscriber] = max(highest[subscriber], sequence)
+    latencies.append(UInt32(clamping: micros > event.sentMicros ? micros - event.sentMicros : 0))
+    lastDelivery = MonotonicClock.seconds()
+  }
+
+  private func startInjecting() {
+    firstSend = MonotonicClock.seconds()
+    let timer = LoopTimer(loop: loop, repeating: true) { [unowned self] in self.injectNext() }
+    timer.schedule(after: 1 / options.rate)
+    injectTimer = timer
+    injectNext()
+  }
+
+  private func injectNext() {
+    guard sequence + injectBacklog < options.messages else {
+      injectTimer = nil
+      return
+    }
+    if injectInFlight {
+      injectBacklog += 1
+      return
+    }
+    sendInjection()
+  }
+
+  private func sendInjection() {
+    // Messages that queued up behind the previous request go together (the fixture takes a list), each with
+    // its own send time, so the injector keeps up with high rates without reordering anything.
+    var count = 1
+    if case .fixture = options.injector {
+      count += min(injectBacklog, 200)
+      injectBacklog -= count - 1
+    }
+    var texts: [String] = []
+    for _ in 0..<count {
+      if let stormAt, sequence == stormAt { storm() }
+      texts.append("bench \(sequence) \(EventIDAllocator.nowMicroseconds())")
+      sequence += 1
+    }
+    let request: UpstreamRequest
+    switch options.injector {
+    case .fixture(let base):
+      let list = texts.map { "\"\($0)\"" }.joined(separator: ",")
+      request = UpstreamRequest(
+        method: "POST", url: base + "/_control/messages", headers: [("Content-Type", "application/json")],
+        body: Array("{\"user_id\":\"101\",\"texts\":[\(list)]}".utf8), timeout: 10, label: "inject")
+    case .publish(let url):
+      request = UpstreamRequest(
+        method: "POST", url: url, headers: [("Content-Type", "text/plain")], body: Array(texts[0].utf8),
+        timeout: 10, label: "inject")
+    }
+    injectInFlight = true
+    transport.start(request) { [unowned self] outcome in
+      switch outcome {
+      case .success(let response) where (200..<300).contains(response.status): injected += count
+      default: injectFailures += count
+      }
+      injectInFlight = false
+      if injectBacklog > 0 {
+        injectBacklog -= 1
+        sendInjection()
+      }
+    }
+  }
+
+  /// Every subscriber drops at once and resumes with the last id it saw.
+  private func storm() {
+    reconnecting = true
+    stormStarted = MonotonicClock.seconds()
+    var resumeFrom: [[UInt8]] = []
+    for subscriber in subscribers {
+      resumeFrom.append(subscriber.lastEventID)
+      subscriber.close()
+    }
+    reconnecting = false
+    for (index, subscriber) in subscribers.enumerated() { connect(subscriber, lastEventID: resumeFrom[index]) }
+  }
+
+  private func measure() -> (text: String, fields: [(String, String)], deliveries: Int) {
+    let expected = options.subscribers * options.messages
+    let deliveries = distinct.reduce(0, +)
+    let lost = expected - deliveries
+    latencies.sort()
+    func percentile(_ p: Double) -> Double {
+      guard !latencies.isEmpty else { return .nan }
+      let index = min(latencies.count - 1, Int((Double(latencies.count) * p).rounded(.up)) - 1)
+      return Double(latencies[max(0, index)]) / 1000
+    }
+    let span = max(0.001, lastDelivery - firstSend)
+    let rate = Double(deliveries) / span
+    var text = String(
+      format: "deliveries %d of %d: lost %d, duplicated %d, out of order %d; %.0f deliveries/s\n",
+      deliveries, expected, lost, duplicates, outOfOrder, rate)
+    text += String(
+      format: "latency inject→receive ms: p50 %.2f  p90 %.2f  p99 %.2f  max %.2f\n", percentile(0.5), percentile(0.9),
+      percentile(0.99), percentile(1.0))
+    text += "injected \(injected), inject failures \(injectFailures), unexpected drops \(unexpectedDrops), non-200 \(statusErrors)"
+    var fields: [(String, String)] = [
+      ("messages", String(options.messages)), ("rate", String(options.rate)), ("deliveries", String(deliveries)),
+      ("lost", String(lost)), ("dup", String(duplicates)), ("ooo", String(outOfOrder)),
+      ("p50_ms", String(format: "%.3f", percentile(0.5))), ("p90_ms", String(format: "%.3f", percentile(0.9))),
+      ("p99_ms", String(format: "%.3f", percentile(0.99))), ("max_ms", String(format: "%.3f", percentile(1.0))),
+      ("deliveries_per_s", String(format: "%.0f", rate)), ("inject_failures", String(injectFailures)),
+      ("drops", String(unexpectedDrops)),
+    ]
+    if stormStarted > 0 {
+      let recovery = stormRecovered > 0 ? stormRecovered - stormStarted : .nan
+      text += String(format: "\nstorm: %d resumed, all reconnected in %.3f s", stormReconnected, recovery)
+      fields.append(("storm_recover_s", String(format: "%.3f", recovery)))
+    }
+    return (text, fields, deliveries)
+  }
+}

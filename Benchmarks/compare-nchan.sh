@@ -2,7 +2,7 @@
 # Pollcast beside nchan on this machine, in one run: the same pollcast-bench scenarios against both, alternately,
 # each server started fresh for every run and pinned to CPU 0, the bench pinned to CPU 1. Prints one Markdown
 # table of medians and writes it, with every raw SUMMARY line, to Benchmarks/results/.
-#   Benchmarks/compare-nchan.sh [REPEATS=3]       (QUICK=1 for a short smoke run)
+#   Benchmarks/compare-nchan.sh [REPEATS=3]       (QUICK=1 for a short smoke run; ONLY=storm-10k for one scenario)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=${1:-3}
@@ -77,11 +77,14 @@ else
              "storm-10k:--mode storm --subscribers 10000 --messages 200 --rate 20")
   idle_seconds=60; big=19000
 fi
+only=${ONLY:-}
 for _ in $(seq 1 "$repeats"); do
   for entry in "${scenarios[@]}"; do
+    [ -n "$only" ] && [ "${entry%%:*}" != "$only" ] && continue
     for target in pollcast nchan; do run "${entry%%:*}" "$target" ${entry#*:}; done
   done
 done
+if [ -n "$only" ]; then python3 Benchmarks/summarize.py "$raw" | tee "${raw%.txt}.md"; exit 0; fi
 for target in pollcast nchan; do
   run "held-$big" "$target" --subscribers "$big" --messages 100 --rate 20 --connect-batch 1000
   run "idle-10k" "$target" --mode idle --subscribers "$([ "$quick" = 1 ] && echo 2000 || echo 10000)" --idle-seconds "$idle_seconds"

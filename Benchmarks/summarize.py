@@ -37,6 +37,7 @@ metrics = [
     ("p99_ms", "latency p99 (ms)", 2),
     ("cpu_us_per_delivery", "relay CPU per delivery (µs)", 2),
     ("cpu_user_share", "… of which user space", 2),
+    ("achieved_rate", "messages/s achieved by the injector", 1),
     ("deliveries_per_s", "deliveries/s", 0),
     ("lost", "lost", 0),
     ("dup", "duplicated", 0),
@@ -68,23 +69,26 @@ for (scenario, target), entries in runs.items():
     if match:
         ramp[target][int(match.group(1))] = entries[0]
 print()
-print("Highest sustainable rate, 1,000 subscribers (no loss, p99 under 1 s):")
+print("Highest sustainable deliveries/s, 1,000 subscribers: the best ramp step with no loss and p99 under 1 s")
+print("(the injector offers the requested rate; what the server let through is the achieved rate):")
 print()
-print("| target | highest rate (ev/s) | deliveries/s | p99 (ms) | CPU per delivery (µs) |")
-print("| --- | ---: | ---: | ---: | ---: |")
+print("| target | requested rate (ev/s) | achieved rate (ev/s) | deliveries/s | p99 (ms) | CPU per delivery (µs) |")
+print("| --- | ---: | ---: | ---: | ---: | ---: |")
 for target in ("pollcast", "nchan"):
     best = None
     for rate in sorted(ramp.get(target, {})):
         fields = ramp[target][rate]
         try:
             ok = float(fields.get("lost", "1")) == 0 and float(fields.get("p99_ms", "1e9")) < 1000
+            delivered = float(fields.get("deliveries_per_s", "0"))
         except ValueError:
             ok = False
-        if ok:
+        if ok and (best is None or delivered > float(best[1]["deliveries_per_s"])):
             best = (rate, fields)
     if best:
         rate, fields = best
-        print(f"| {target} | {rate} | {float(fields['deliveries_per_s']):,.0f} | {float(fields['p99_ms']):,.1f} | "
+        print(f"| {target} | {rate} | {float(fields.get('achieved_rate', 'nan')):,.1f} | "
+              f"{float(fields['deliveries_per_s']):,.0f} | {float(fields['p99_ms']):,.1f} | "
               f"{float(fields.get('cpu_us_per_delivery', 'nan')):.2f} |")
     else:
-        print(f"| {target} | – | – | – | – |")
+        print(f"| {target} | – | – | – | – | – |")

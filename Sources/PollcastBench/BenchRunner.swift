@@ -28,16 +28,24 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   private var injectFailures = 0
   private var firstSend = 0.0
   private var lastDelivery = 0.0
+  private var lastInjectCompleted = 0.0
   private var injectTimer: LoopTimer?
-  /// Injections are sent one at a time (the next waits for the previous answer), so the source assigns ids in
-  /// sequence order and any out-of-order delivery is the relay's.
-  private var injectInFlight = false
+  /// The offered load must not depend on how fast the server answers a publish (a closed loop would slow the
+  /// injection, and so flatter the latency, of whichever server is busier). Fixture injections go one request at
+  /// a time, but what queued up behind it goes together in the next request (the fixture takes a list), so the
+  /// rate holds and the source order is the sequence order. Plain publish URLs take one message per request, so
+  /// up to `publishConcurrency` go in parallel; any reordering that causes at the source shows as out-of-order.
+  private var injectInFlight = 0
   private var injectBacklog = 0
+  private let publishConcurrency = 32
   private var sequence = 0
   private var stormAt: Int?
   private var stormStarted = 0.0
   private var stormRecovered = 0.0
   private var stormReconnected = 0
+  private var retries: [Int: Int] = [:]
+  private var retryTimers: [Int: LoopTimer] = [:]
+  private var retryCount = 0
 
   public init(options: BenchOptions, loop: EventLoop) {
     self.options = options
@@ -53,15 +61,20 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     let made = try await loop.submit { () throws(UpstreamError) -> CurlTransport in try CurlTransport(loop: loop) }
     await loop.submit { [self] in
       transport = made
-      received = Array(repeating: Array(repeating: 0, count: (options.messages + 63) / 64 + 1), count: options.subscribers)
+      received = Array(
+        repeating: Array(repeating: 0, count: (options.messages + 63) / 64 + 1), count: options.subscribers)
       distinct = Array(repeating: 0, count: options.subscribers)
       highest = Array(repeating: -1, count: options.subscribers)
       latencies.reserveCapacity(options.subscribers * options.messages)
     }
     let benchAffinity = ProcessSample.affinity(getpid())
     let relayAffinity = options.relayPIDs.map { ProcessSample.affinity($0) }.joined(separator: ",")
-    print("pollcast-bench: \(options.label) \(options.mode.rawValue) N=\(options.subscribers) M=\(options.messages) rate=\(options.rate)/s")
-    print("pinned: bench on CPUs \(benchAffinity); relay on CPUs \(relayAffinity.isEmpty ? "unknown (no --relay-pid)" : relayAffinity)")
+    print(
+      "pollcast-bench: \(options.label) \(options.mode.rawValue) N=\(options.subscribers) M=\(options.messages) rate=\(options.rate)/s"
+    )
+    print(
+      "pinned: bench on CPUs \(benchAffinity); relay on CPUs \(relayAffinity.isEmpty ? "unknown (no --relay-pid)" : relayAffinity)"
+    )
     let baseline = ProcessSample.take(options.relayPIDs)
 
     // Connect everyone, in batches so the listen backlog is not flooded.
@@ -84,7 +97,10 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     try await waitUntil(timeout: 60) { [self] in connectedCount + failedConnects >= options.subscribers }
     let connectSeconds = MonotonicClock.seconds() - connectStart
     let connected = await loop.submit { [self] in connectedCount }
-    print(String(format: "connected %d of %d in %.2f s (%d failed)", connected, options.subscribers, connectSeconds, await loop.submit { [self] in failedConnects }))
+    print(
+      String(
+        format: "connected %d of %d in %.2f s (%d failed)", connected, options.subscribers, connectSeconds,
+        await loop.submit { [self] in failedConnects }))
     try await Task.sleep(for: .seconds(1))
     let afterConnect = ProcessSample.take(options.relayPIDs)
     var summary: [(String, String)] = [
@@ -115,7 +131,9 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     await loop.submit { [self] in startInjecting() }
     let sendSeconds = Double(options.messages) / options.rate
     try await Task.sleep(for: .seconds(sendSeconds))
-    try? await waitUntil(timeout: 30) { [self] in sequence >= options.messages && injected + injectFailures >= options.messages }
+    try? await waitUntil(timeout: 30) { [self] in
+      sequence >= options.messages && injected + injectFailures >= options.messages
+    }
     // Drain: until every connected subscriber has every message, or the drain window passes.
     try? await waitUntil(timeout: options.drainSeconds) { [self] in
       distinct.allSatisfy { $0 >= options.messages }
@@ -130,8 +148,10 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     summary += report.fields
     if let cpuBefore, let cpuAfter, report.deliveries > 0 {
       let perDelivery = (cpuAfter.cpuSeconds - cpuBefore.cpuSeconds) / Double(report.deliveries) * 1e6
-      let userShare = (cpuAfter.userSeconds - cpuBefore.userSeconds) / max(1e-9, cpuAfter.cpuSeconds - cpuBefore.cpuSeconds)
-      print(String(format: "relay CPU per delivery: %.3f µs (%.0f%% user, the rest kernel)", perDelivery, userShare * 100))
+      let userShare =
+        (cpuAfter.userSeconds - cpuBefore.userSeconds) / max(1e-9, cpuAfter.cpuSeconds - cpuBefore.cpuSeconds)
+      print(
+        String(format: "relay CPU per delivery: %.3f µs (%.0f%% user, the rest kernel)", perDelivery, userShare * 100))
       summary.append(("cpu_us_per_delivery", String(format: "%.3f", perDelivery)))
       summary.append(("cpu_user_share", String(format: "%.2f", userShare)))
     }
@@ -165,7 +185,9 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     path = url.path.isEmpty ? "/" : url.path + (url.query.map { "?\($0)" } ?? "")
     target.sin_family = sa_family_t(AF_INET)
     target.sin_port = UInt16(port).bigEndian
-    guard inet_pton(AF_INET, hostName, &target.sin_addr) == 1 else { throw BenchError("--target needs an IPv4 address") }
+    guard inet_pton(AF_INET, hostName, &target.sin_addr) == 1 else {
+      throw BenchError("--target needs an IPv4 address")
+    }
   }
 
   // MARK: On the loop
@@ -175,7 +197,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     if !subscriber.connect(
       loop: loop, source: source, target: target, host: host, path: path, lastEventID: lastEventID)
     {
-      failedConnects += 1
+      subscriberFailed(subscriber)
     }
   }
 
@@ -187,6 +209,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       return
     }
     connectedCount += 1
+    retries[subscriber.index] = nil
     if stormStarted > 0 && stormRecovered == 0 {
       stormReconnected += 1
       if stormReconnected == subscribers.count { stormRecovered = MonotonicClock.seconds() }
@@ -203,7 +226,21 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   }
 
   func subscriberFailed(_ subscriber: BenchSubscriber) {
-    failedConnects += 1
+    // Refused or reset before the response head (a full listen backlog, a server out of descriptors during a
+    // storm): retry like an EventSource would, with the id it last saw, a few times before giving up.
+    retries[subscriber.index, default: 0] += 1
+    guard retries[subscriber.index]! <= 20 else {
+      failedConnects += 1
+      return
+    }
+    retryCount += 1
+    let lastEventID = subscriber.lastEventID
+    let timer = LoopTimer(loop: loop) { [unowned self] in
+      self.retryTimers[subscriber.index] = nil
+      self.connect(subscriber, lastEventID: lastEventID)
+    }
+    timer.schedule(after: 0.1 + Double.random(in: 0...0.1))
+    retryTimers[subscriber.index] = timer
   }
 
   func delivered(_ event: StreamScanner.Event, to subscriber: Int, at micros: UInt64) {
@@ -239,7 +276,9 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       injectTimer = nil
       return
     }
-    if injectInFlight {
+    let limit: Int
+    if case .fixture = options.injector { limit = 1 } else { limit = publishConcurrency }
+    if injectInFlight >= limit {
       injectBacklog += 1
       return
     }
@@ -272,13 +311,14 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
         method: "POST", url: url, headers: [("Content-Type", "text/plain")], body: Array(texts[0].utf8),
         timeout: 10, label: "inject")
     }
-    injectInFlight = true
+    injectInFlight += 1
     transport.start(request) { [unowned self] outcome in
       switch outcome {
       case .success(let response) where (200..<300).contains(response.status): injected += count
       default: injectFailures += count
       }
-      injectInFlight = false
+      injectInFlight -= 1
+      lastInjectCompleted = MonotonicClock.seconds()
       if injectBacklog > 0 {
         injectBacklog -= 1
         sendInjection()
@@ -317,14 +357,18 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     text += String(
       format: "latency inject→receive ms: p50 %.2f  p90 %.2f  p99 %.2f  max %.2f\n", percentile(0.5), percentile(0.9),
       percentile(0.99), percentile(1.0))
-    text += "injected \(injected), inject failures \(injectFailures), unexpected drops \(unexpectedDrops), non-200 \(statusErrors)"
+    let offered = Double(injected) / max(0.001, lastInjectCompleted - firstSend)
+    text += String(format: "injected %d (%.1f/s achieved), ", injected, offered)
+    text += "inject failures \(injectFailures), unexpected drops \(unexpectedDrops), non-200 \(statusErrors), "
+    text += "connect retries \(retryCount), gave up \(failedConnects)"
     var fields: [(String, String)] = [
       ("messages", String(options.messages)), ("rate", String(options.rate)), ("deliveries", String(deliveries)),
       ("lost", String(lost)), ("dup", String(duplicates)), ("ooo", String(outOfOrder)),
       ("p50_ms", String(format: "%.3f", percentile(0.5))), ("p90_ms", String(format: "%.3f", percentile(0.9))),
       ("p99_ms", String(format: "%.3f", percentile(0.99))), ("max_ms", String(format: "%.3f", percentile(1.0))),
       ("deliveries_per_s", String(format: "%.0f", rate)), ("inject_failures", String(injectFailures)),
-      ("drops", String(unexpectedDrops)),
+      ("drops", String(unexpectedDrops)), ("achieved_rate", String(format: "%.1f", offered)),
+      ("retries", String(retryCount)), ("gave_up", String(failedConnects)),
     ]
     if stormStarted > 0 {
       let recovery = stormRecovered > 0 ? stormRecovered - stormStarted : .nan

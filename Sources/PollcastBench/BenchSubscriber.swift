@@ -10,6 +10,9 @@ final class BenchSubscriber {
   private var scanner = StreamScanner()
   unowned let runner: BenchRecorder
   private(set) var connected = false
+  /// The id this connection resumed from: what to resume from again if it fails before any event arrives
+  /// (the scanner starts empty on every connection).
+  private var resumedFrom: [UInt8] = []
   private(set) var closed = false
   var connectStarted = 0.0
 
@@ -25,15 +28,19 @@ final class BenchSubscriber {
     loop: EventLoop, source: String, target: sockaddr_in, host: String, path: String, lastEventID: [UInt8]?
   ) -> Bool {
     scanner = StreamScanner()
+    resumedFrom = lastEventID ?? []
     connected = false
     closed = false
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    let fd = socket(
+      AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
     guard fd >= 0 else { return false }
     var local = sockaddr_in()
     local.sin_family = sa_family_t(AF_INET)
     inet_pton(AF_INET, source, &local.sin_addr)
     let bound = withUnsafePointer(to: &local) {
-      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+        Glibc.bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+      }
     }
     guard bound == 0, let bev = bufferevent_socket_new(loop.base, fd, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else {
       Glibc.close(fd)
@@ -59,7 +66,8 @@ final class BenchSubscriber {
     return result == 0
   }
 
-  var lastEventID: [UInt8] { scanner.lastEventID }
+  /// The last id seen on this subscriber's stream, across its connections.
+  var lastEventID: [UInt8] { scanner.lastEventID.isEmpty ? resumedFrom : scanner.lastEventID }
 
   func close() {
     if let bufferevent { bufferevent_free(bufferevent) }

@@ -273,3 +273,31 @@ import Testing
     }
   }
 }
+
+@Suite(.serialized) struct HTTP10ClientTests {
+  @Test func anHTTP10ClientGetsTheSameEventsWithoutChunkFraming() async throws {
+    let harness = try await RelayHarness.start()
+    let curl = Process()
+    curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
+    let output = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-http10-\(getpid()).txt")
+    defer { try? FileManager.default.removeItem(at: output) }
+    curl.arguments = [
+      "-sS", "-N", "--http1.0", "--max-time", "3", "-o", output.path, "http://127.0.0.1:\(harness.port)/events",
+    ]
+    try curl.run()
+    try await harness.waitForSubscribers { $0 == 1 }
+    let ids = await harness.publish(2)
+    let deadline = MonotonicClock.seconds() + 5
+    var text = ""
+    while MonotonicClock.seconds() < deadline {
+      text = (try? String(contentsOf: output, encoding: .utf8)) ?? ""
+      if text.contains("data: m1") { break }
+      try await Task.sleep(for: .milliseconds(20))
+    }
+    #expect(text.contains("id: \(ids[0])\ndata: m0\n\nid: \(ids[1])\ndata: m1\n\n"))
+    #expect(!text.contains("\r\n"))  // no chunk framing leaked into an unframed reply
+    kill(curl.processIdentifier, SIGKILL)
+    curl.waitUntilExit()
+    await harness.stop()
+  }
+}

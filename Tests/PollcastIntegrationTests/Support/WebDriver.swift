@@ -15,21 +15,43 @@ final class WebDriver {
     else {
       throw Failure(description: "chromium and chromium-driver are required (scripts/install-deps.sh installs them)")
     }
-    // A free port: bind 0, read it back, release it for chromedriver.
-    let probe = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 1)
-    port = probe.port
-    close(probe.fd)
-    process = Process()
-    process.executableURL = URL(fileURLWithPath: chromedriver)
-    process.arguments = ["--port=\(port)", "--allowed-ips=127.0.0.1"]
-    process.standardOutput = FileHandle.nullDevice
-    process.standardError = FileHandle.nullDevice
-    try process.run()
-    let deadline = MonotonicClock.seconds() + 20
-    while (try? call("GET", "/status"))?["value"]?["ready"]?.rawText != "true" {
-      guard MonotonicClock.seconds() < deadline else { throw Failure(description: "chromedriver did not start") }
-      usleep(100_000)
+    // A free port: bind 0, read it back, release it for chromedriver. Another socket can take it in between, so
+    // a chromedriver that does not come up is retried on a fresh port.
+    var attempt = 0
+    var started: (Process, Int)?
+    var lastLog = ""
+    while started == nil && attempt < 3 {
+      attempt += 1
+      let probe = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 1)
+      let candidate = probe.port
+      close(probe.fd)
+      let logPath = FileManager.default.temporaryDirectory.appendingPathComponent("chromedriver-\(candidate).log").path
+      let process = Process()
+      process.executableURL = URL(fileURLWithPath: chromedriver)
+      process.arguments = ["--port=\(candidate)", "--allowed-ips=127.0.0.1", "--log-path=\(logPath)"]
+      process.standardOutput = FileHandle.nullDevice
+      process.standardError = FileHandle.nullDevice
+      try process.run()
+      let deadline = MonotonicClock.seconds() + 15
+      while MonotonicClock.seconds() < deadline && process.isRunning {
+        if (try? WebDriver.call(port: candidate, "GET", "/status"))?["value"]?["ready"]?.rawText == "true" {
+          started = (process, candidate)
+          break
+        }
+        usleep(100_000)
+      }
+      if started == nil {
+        lastLog = (try? String(contentsOfFile: logPath, encoding: .utf8)).map { String($0.suffix(600)) } ?? ""
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+      }
+      try? FileManager.default.removeItem(atPath: logPath)
     }
+    guard let (process, port) = started else {
+      throw Failure(description: "chromedriver did not start in 3 attempts; its log ended with: \(lastLog)")
+    }
+    self.process = process
+    self.port = port
     let capabilities = """
       {"capabilities":{"alwaysMatch":{"browserName":"chrome","goog:chromeOptions":{"binary":"\(chromium)",
       "args":["--headless=new","--no-sandbox","--disable-gpu","--disable-dev-shm-usage","--window-size=1200,800"]}}}}
@@ -72,6 +94,10 @@ final class WebDriver {
   }
 
   private func call(_ method: String, _ path: String, body: String? = nil) throws -> RawJSON {
+    try WebDriver.call(port: port, method, path, body: body)
+  }
+
+  private static func call(port: Int, _ method: String, _ path: String, body: String? = nil) throws -> RawJSON {
     var arguments = ["-sS", "--max-time", "30", "-X", method, "http://127.0.0.1:\(port)\(path)"]
     if let body { arguments += ["-H", "Content-Type: application/json", "--data-binary", body] }
     let result = try run("/usr/bin/curl", arguments, timeout: 40)

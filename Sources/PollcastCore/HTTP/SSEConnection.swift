@@ -50,10 +50,7 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
   /// per-call chunk-header formatting and callback re-arming.
   func write(_ bytes: BroadcastBytes) {
     guard isOpen, request != nil, let output else { return }
-    let slice = chunked ? bytes.framed : bytes.payload
-    // One retain per reference; sharedBytesReleased gives it back when libevent frees that chain.
-    let owner = Unmanaged.passRetained(slice.block).toOpaque()
-    evbuffer_add_reference(output, slice.block.base + slice.offset, slice.count, sharedBytesReleased, owner)
+    addReference(to: chunked ? bytes.framed : bytes.payload, in: output)
   }
 
   func write(_ slices: [ByteSlice]) {
@@ -73,11 +70,14 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
   }
 
   private func stage(_ slices: [ByteSlice]) {
-    for slice in slices where slice.count > 0 {
-      // One retain per reference; sharedBytesReleased gives it back when libevent frees that chain.
-      let owner = Unmanaged.passRetained(slice.block).toOpaque()
-      evbuffer_add_reference(scratch.raw, slice.block.base + slice.offset, slice.count, sharedBytesReleased, owner)
-    }
+    for slice in slices where slice.count > 0 { addReference(to: slice, in: scratch.raw) }
+  }
+
+  /// Appends `slice` to `buffer` as a reference to the shared block, never a copy. The reference holds one retain
+  /// on the block; sharedBytesReleased gives it back when libevent frees that chain.
+  private func addReference(to slice: ByteSlice, in buffer: OpaquePointer) {
+    let owner = Unmanaged.passRetained(slice.block).toOpaque()
+    evbuffer_add_reference(buffer, slice.block.base + slice.offset, slice.count, sharedBytesReleased, owner)
   }
 
   func finish() {

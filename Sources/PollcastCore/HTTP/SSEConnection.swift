@@ -1,4 +1,5 @@
 import CLibevent
+import Foundation
 
 /// One streaming `text/event-stream` reply over evhttp: the HTTP side of a `Subscriber`.
 ///
@@ -12,6 +13,7 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
   private var drained: (() -> Void)?
   /// The connection's output buffer, looked up once when the reply starts.
   private var output: OpaquePointer?
+  private var socket: Int32 = -1
   private var chunked = false
   /// Called once when the client disconnects or the connection is dropped.
   var onClose: (() -> Void)?
@@ -37,7 +39,10 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
     {
       chunked = String(cString: encoding).lowercased() == "chunked"
     }
-    if let bev = evhttp_connection_get_bufferevent(connection) { output = bufferevent_get_output(bev) }
+    if let bev = evhttp_connection_get_bufferevent(connection) {
+      output = bufferevent_get_output(bev)
+      socket = bufferevent_getfd(bev)
+    }
   }
 
   var pendingBytes: Int {
@@ -48,9 +53,25 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
   /// Adds one reference straight to the connection's output: evhttp already has the reply in its writing
   /// state (write callback set, EV_WRITE enabled), so this is what evhttp_send_reply_chunk would do, minus the
   /// per-call chunk-header formatting and callback re-arming.
+  ///
+  /// When nothing is queued ahead of it, the bytes are first offered to the socket directly: a client that keeps
+  /// up takes them at once, and then neither an evbuffer chain nor arming and disarming the write event
+  /// (two epoll_ctl calls per delivery, measured at about 15 % of the relay's CPU) is needed. Whatever the kernel
+  /// does not take is queued as a reference, in order, and the bufferevent writes it (or meets the error) as usual.
   func write(_ bytes: BroadcastBytes) {
     guard isOpen, request != nil, let output else { return }
-    addReference(to: chunked ? bytes.framed : bytes.payload, in: output)
+    let slice = chunked ? bytes.framed : bytes.payload
+    if socket >= 0 && evbuffer_get_length(output) == 0 {
+      let sent = Glibc.send(socket, slice.block.base + slice.offset, slice.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL))
+      if sent == slice.count { return }
+      if sent > 0 {
+        addReference(
+          to: ByteSlice(block: slice.block, offset: slice.offset + sent, count: slice.count - sent), in: output)
+        return
+      }
+      // EAGAIN: the socket is full; any other error: let the bufferevent meet it and close the connection.
+    }
+    addReference(to: slice, in: output)
   }
 
   func write(_ slices: [ByteSlice]) {
@@ -87,6 +108,7 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
     // evhttp frees the request once the last chunk is written; from here on only the close callback remains.
     self.request = nil
     output = nil
+    socket = -1
   }
 
   func abort() {
@@ -101,6 +123,7 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
     request = nil
     connection = nil
     output = nil
+    socket = -1
     drained = nil
     let handler = onClose
     onClose = nil

@@ -40,6 +40,7 @@ metrics = [
     ("achieved_rate", "messages/s achieved by the injector", 1),
     ("deliveries_per_s", "deliveries/s", 0),
     ("lost", "lost", 0),
+    ("not_injected", "messages never injected", 0),
     ("dup", "duplicated", 0),
     ("ooo", "out of order", 0),
     ("connect_s", "connect all (s)", 2),

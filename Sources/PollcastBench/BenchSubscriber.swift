@@ -14,7 +14,6 @@ final class BenchSubscriber {
   /// (the scanner starts empty on every connection).
   private var resumedFrom: [UInt8] = []
   private(set) var closed = false
-  var connectStarted = 0.0
 
   init(index: Int, runner: BenchRecorder) {
     self.index = index
@@ -62,7 +61,6 @@ final class BenchSubscriber {
         bufferevent_socket_connect(bev, $0, Int32(MemoryLayout<sockaddr_in>.size))
       }
     }
-    connectStarted = MonotonicClock.seconds()
     return result == 0
   }
 

@@ -34,11 +34,6 @@ public final class LoopTimer {
     event_del(event)
   }
 
-  public var isPending: Bool {
-    guard let event else { return false }
-    return event_pending(event, pollcast_EV_TIMEOUT, nil) != 0
-  }
-
   fileprivate func fire() { callback() }
 }
 

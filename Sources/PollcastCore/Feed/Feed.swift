@@ -13,7 +13,6 @@ public actor Feed {
   private var ids: EventIDAllocator
   private var ring: ReplayRing
   private var subscribers: [Subscriber] = []
-  private var nextSubscriberNumber = 1
   private var stats = FeedStatistics()
   /// The newest `upstream` status event (no id), sent to every subscriber when it goes live.
   private var statusEvent: BroadcastBytes?
@@ -156,12 +155,7 @@ public actor Feed {
 
   /// Queues `slices` for a live subscriber, or disconnects it when its backlog would pass the bound.
   private func send(_ slices: [ByteSlice], to subscriber: Subscriber) {
-    let size = slices.reduce(0) { $0 + $1.count }
-    if subscriber.sink.pendingBytes + size > settings.maxPendingBytes {
-      disconnectSlow(subscriber)
-      return
-    }
-    stats.bytesQueued += size
+    guard admit(slices.reduce(0) { $0 + $1.count }, to: subscriber) else { return }
     subscriber.sink.write(slices)
   }
 
@@ -169,13 +163,20 @@ public actor Feed {
   /// backlog would pass the bound.
   @inline(__always)
   private func broadcast(_ bytes: BroadcastBytes, to subscriber: Subscriber) {
-    let size = bytes.payload.count
+    guard admit(bytes.payload.count, to: subscriber) else { return }
+    subscriber.sink.write(bytes)
+  }
+
+  /// The slow-consumer bound, shared by both write paths: counts `size` bytes as queued for `subscriber`, or
+  /// disconnects it when its backlog would pass `maxPendingBytes`.
+  @inline(__always)
+  private func admit(_ size: Int, to subscriber: Subscriber) -> Bool {
     if subscriber.sink.pendingBytes + size > settings.maxPendingBytes {
       disconnectSlow(subscriber)
-      return
+      return false
     }
     stats.bytesQueued += size
-    subscriber.sink.write(bytes)
+    return true
   }
 
   private func disconnectSlow(_ subscriber: Subscriber) {
@@ -194,14 +195,13 @@ public actor Feed {
   public func attach(sink: SubscriberSink, requestedID: String?, streams: Set<String>?) -> Subscriber {
     let decision = ResumeDecision.decide(requested: requestedID, floorID: ring.floorID, headID: ids.head)
     let subscriber = Subscriber(
-      number: nextSubscriberNumber, streams: streams, sink: sink, cursor: ids.head, mode: .live)
+      streams: streams, sink: sink, cursor: ids.head, mode: .live)
     if let age = settings.maxConnectionAge {
       let jitter =
         settings.maxConnectionAgeJitter > 0
         ? Double.random(in: 0...settings.maxConnectionAgeJitter, using: &ageRandom) : 0
       subscriber.endsAt = MonotonicClock.seconds() + age + jitter
     }
-    nextSubscriberNumber += 1
     subscriber.registryIndex = subscribers.count
     subscribers.append(subscriber)
     stats.subscribersConnected += 1

@@ -17,12 +17,6 @@ public final class SharedBytes: @unchecked Sendable {
   }
 
   deinit { base.deallocate() }
-
-  /// The bytes in `range`, copied out (tests and diagnostics only; the hot path never copies).
-  public func bytes(_ range: Range<Int>) -> [UInt8] {
-    precondition(range.lowerBound >= 0 && range.upperBound <= count)
-    return [UInt8](UnsafeRawBufferPointer(start: base + range.lowerBound, count: range.count))
-  }
 }
 
 /// A contiguous part of a `SharedBytes` block.
@@ -40,8 +34,6 @@ public struct ByteSlice: Sendable {
   public init(_ bytes: [UInt8]) {
     self.init(block: SharedBytes(bytes), offset: 0, count: bytes.count)
   }
-
-  public var bytes: [UInt8] { block.bytes(offset..<(offset + count)) }
 
   /// Whether `next` continues this slice in the same block, so both can go out as one reference.
   func isFollowed(by next: ByteSlice) -> Bool {

@@ -24,7 +24,6 @@ public final class Subscriber: @unchecked Sendable {
     case live
   }
 
-  public let number: Int
   /// Streams this client asked for; nil means all.
   public let streams: Set<String>?
   let sink: SubscriberSink
@@ -36,8 +35,7 @@ public final class Subscriber: @unchecked Sendable {
   var endsAt: Double?
   var registryIndex = -1
 
-  init(number: Int, streams: Set<String>?, sink: SubscriberSink, cursor: UInt64, mode: Mode) {
-    self.number = number
+  init(streams: Set<String>?, sink: SubscriberSink, cursor: UInt64, mode: Mode) {
     self.streams = streams
     self.sink = sink
     self.cursor = cursor

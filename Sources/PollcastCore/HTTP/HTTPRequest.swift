@@ -90,16 +90,6 @@ public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used 
     return String(decoding: UnsafeBufferPointer(start: bytes, count: length), as: UTF8.self)
   }
 
-  /// The peer's address as `host:port`, for logs.
-  public var peer: String {
-    guard let connection else { return "?" }
-    var address: UnsafeMutablePointer<CChar>?
-    var port: UInt16 = 0
-    evhttp_connection_get_peer(connection, &address, &port)
-    guard let address else { return "?" }
-    return "\(String(cString: address)):\(port)"
-  }
-
   // MARK: Responses
 
   public func addHeader(_ name: String, _ value: String) {

@@ -21,12 +21,12 @@ public actor SSEServer {
   public struct Route: Sendable {
     public var methods: Set<String>
     public var handler: @Sendable () -> (status: Int32, contentType: String, body: String)
-    public init(methods: Set<String> = ["GET", "HEAD"], handler: @escaping @Sendable () -> (Int32, String, String)) {
+    public init(
+      methods: Set<String> = ["GET", "HEAD"],
+      handler: @escaping @Sendable () -> (status: Int32, contentType: String, body: String)
+    ) {
       self.methods = methods
-      self.handler = {
-        let r = handler()
-        return (r.0, r.1, r.2)
-      }
+      self.handler = handler
     }
   }
 

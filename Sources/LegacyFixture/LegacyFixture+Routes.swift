@@ -183,7 +183,8 @@ extension LegacyFixture {
       answer(poll)
       return
     }
-    let timer = LoopTimer(loop: loop) { [unowned self, unowned poll] in
+    let timer = LoopTimer(loop: loop) { [weak self, weak poll] in
+      guard let self, let poll else { return }
       self.assumeIsolated { $0.answer(poll) }
     }
     timer.schedule(after: timeout)
@@ -210,7 +211,8 @@ extension LegacyFixture {
     switch poll.fault {
     case .delay(let milliseconds):
       // Stays in flight (and parked) until the delayed answer goes out.
-      let timer = LoopTimer(loop: loop) { [unowned self, unowned poll] in
+      let timer = LoopTimer(loop: loop) { [weak self, weak poll] in
+        guard let self, let poll else { return }
         self.assumeIsolated { fixture in fixture.finish(poll) { fixture.json($0, body) } }
       }
       timer.schedule(after: Double(milliseconds) / 1000)

@@ -82,8 +82,8 @@ public actor LegacyFixture {
   }
 
   private func listen(_ socket: ListeningSocket) throws {
-    let listener = HTTPListener(loop: loop) { [unowned self] request in
-      self.assumeIsolated { $0.route(request) }
+    let listener = HTTPListener(loop: loop) { [weak self] request in
+      self?.assumeIsolated { $0.route(request) }
     }
     try listener.start(socket: socket, limits: .init(maxBodyBytes: 4 << 20, timeout: 600))
     self.listener = listener
@@ -104,8 +104,8 @@ public actor LegacyFixture {
 
   /// Appends a message every `seconds`, alternating between the primary and the linked account (demos).
   public func startChatter(every seconds: Double) {
-    let timer = LoopTimer(loop: loop, repeating: true) { [unowned self] in
-      self.assumeIsolated { fixture in
+    let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in
+      self?.assumeIsolated { fixture in
         fixture.chatterCount += 1
         let users = fixture.sessionUsers()
         let user = users[fixture.chatterCount % users.count]

@@ -235,7 +235,8 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     }
     retryCount += 1
     let lastEventID = subscriber.lastEventID
-    let timer = LoopTimer(loop: loop) { [unowned self] in
+    let timer = LoopTimer(loop: loop) { [weak self] in
+      guard let self else { return }
       self.retryTimers[subscriber.index] = nil
       self.connect(subscriber, lastEventID: lastEventID)
     }
@@ -265,7 +266,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
 
   private func startInjecting() {
     firstSend = MonotonicClock.seconds()
-    let timer = LoopTimer(loop: loop, repeating: true) { [unowned self] in self.injectNext() }
+    let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in self?.injectNext() }
     timer.schedule(after: 1 / options.rate)
     injectTimer = timer
     injectNext()
@@ -312,7 +313,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
         timeout: 10, label: "inject")
     }
     injectInFlight += 1
-    transport.start(request) { [unowned self] outcome in
+    transport.start(request) { [self] outcome in  // the transport (ours) ends the cycle when the transfer ends
       switch outcome {
       case .success(let response) where (200..<300).contains(response.status): injected += count
       default: injectFailures += count

@@ -8,7 +8,8 @@ final class BenchSubscriber {
   let index: Int
   private var bufferevent: OpaquePointer?
   private var scanner = StreamScanner()
-  unowned let runner: BenchRecorder
+  /// Weak: the recorder owns its subscribers, and a late callback after it is gone must find nothing.
+  weak var runner: BenchRecorder?
   private(set) var connected = false
   /// The id this connection resumed from: what to resume from again if it fails before any event arrives
   /// (the scanner starts empty on every connection).
@@ -72,7 +73,7 @@ final class BenchSubscriber {
     bufferevent = nil
     if !closed {
       closed = true
-      if connected { runner.subscriberClosed(self) }
+      if connected { runner?.subscriberClosed(self) }
     }
   }
 
@@ -83,6 +84,7 @@ final class BenchSubscriber {
     guard length > 0, let bytes = evbuffer_pullup(input, length) else { return }
     let wasHeadDone = scanner.headDone
     let now = EventIDAllocator.nowMicroseconds()
+    guard let runner else { return }
     scanner.feed(UnsafeRawBufferPointer(start: bytes, count: length)) { event in
       runner.delivered(event, to: index, at: now)
     }
@@ -96,7 +98,7 @@ final class BenchSubscriber {
   fileprivate func failed(_ events: Int16) {
     let wasConnected = connected
     close()
-    if !wasConnected { runner.subscriberFailed(self) }
+    if !wasConnected { runner?.subscriberFailed(self) }
   }
 }
 

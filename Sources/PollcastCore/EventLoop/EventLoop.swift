@@ -20,7 +20,7 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
 
   public init() throws(EventLoopError) {
     _ = EventLoop.enableThreads
-    guard let base = event_base_new() else { throw EventLoopError(operation: "event_base_new") }
+    let base = try LibeventCall.check(event_base_new(), "event_base_new")
     self.base = base
     let context = Unmanaged.passUnretained(self).toOpaque()
     // Released never: the wake event lives exactly as long as the loop and is freed in deinit.
@@ -38,7 +38,8 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
 
   /// `evthread_use_pthreads()` must run once before the first base is created.
   private static let enableThreads: Void = {
-    _ = evthread_use_pthreads()
+    // Without it no base may be touched from two threads (enqueue activates the wake event from any thread).
+    LibeventCall.invariant(evthread_use_pthreads(), "evthread_use_pthreads")
     signal(SIGPIPE, SIG_IGN)
   }()
 
@@ -79,9 +80,12 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
     }
     guard wasRunning else { return }
     precondition(!inLoopThread, "EventLoop.stop() must not be called on the loop thread")
-    event_base_loopbreak(base)
+    LibeventCall.invariant(event_base_loopbreak(base), "event_base_loopbreak")
     finished.wait()
   }
+
+  /// True while the loop thread runs (between `start()` and the end of `stop()`).
+  public var isRunning: Bool { loopThreadID.load(ordering: .acquiring) != 0 }
 
   /// True when the calling thread is this loop's thread.
   public var inLoopThread: Bool {

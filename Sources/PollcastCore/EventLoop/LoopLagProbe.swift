@@ -11,7 +11,7 @@ public final class LoopLagProbe: @unchecked Sendable {
 
   public init(loop: EventLoop, interval: Double = 0.5) {
     self.interval = interval
-    let timer = LoopTimer(loop: loop, repeating: true) { [unowned self] in self.tick() }
+    let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in self?.tick() }
     expected = MonotonicClock.seconds() + interval
     timer.schedule(after: interval)
     self.timer = timer

@@ -4,18 +4,26 @@ import Foundation
 /// A libevent timer on the loop. Create, arm and cancel it on the loop thread only; the callback runs there.
 ///
 /// The timer owns its `struct event`; dropping the last reference cancels and frees it, so a timer can never
-/// call back into an object that is gone.
+/// call back into an object that is gone. A callback may drop the last reference to its own timer (a poll that
+/// finishes clears `poll.timer`): `fire()` keeps the timer and the closure alive until the callback returns.
+///
+/// Callbacks capture their owner `weak`ly (never `unowned`): the owner holds the timer, so a strong capture would
+/// be a cycle, and an unowned one dangles when the callback's own work frees the owner.
 public final class LoopTimer {
   private var event: OpaquePointer?
   private let callback: () -> Void
+  private let loop: EventLoop
 
   /// - Parameters:
   ///   - repeating: fire every `interval` instead of once.
   public init(loop: EventLoop, repeating: Bool = false, _ callback: @escaping () -> Void) {
     self.callback = callback
+    self.loop = loop
     let flags: Int16 = repeating ? pollcast_EV_PERSIST : 0
     // Unretained: the timer frees the event in deinit, so the event never outlives `self`.
     event = event_new(loop.base, -1, flags, loopTimerCallback, Unmanaged.passUnretained(self).toOpaque())
+    // event_new fails only when out of memory; a timer that cannot exist must not pretend to.
+    precondition(event != nil, "event_new failed for a timer")
   }
 
   deinit {
@@ -24,17 +32,22 @@ public final class LoopTimer {
 
   /// Arms (or re-arms) the timer to fire after `seconds`.
   public func schedule(after seconds: Double) {
+    loop.assertOnLoop()
     guard let event else { return }
     var tv = timeval(seconds: seconds)
-    event_add(event, &tv)
+    LibeventCall.invariant(event_add(event, &tv), "event_add(timer)")
   }
 
   public func cancel() {
     guard let event else { return }
-    event_del(event)
+    LibeventCall.invariant(event_del(event), "event_del(timer)")
   }
 
-  fileprivate func fire() { callback() }
+  fileprivate func fire() {
+    // The callback may release this timer (and with it the closure) while it runs: hold both until it returns.
+    let callback = self.callback
+    withExtendedLifetime(self) { callback() }
+  }
 }
 
 private let loopTimerCallback: @convention(c) (Int32, Int16, UnsafeMutableRawPointer?) -> Void = {

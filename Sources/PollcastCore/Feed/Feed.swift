@@ -50,14 +50,14 @@ public actor Feed {
   /// Starts the heartbeat and age-eviction timer.
   public func start() {
     guard heartbeatTimer == nil else { return }
-    let timer = LoopTimer(loop: loop, repeating: true) { [unowned self] in
-      self.assumeIsolated { $0.tick() }
+    let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in
+      self?.assumeIsolated { $0.tick() }
     }
     timer.schedule(after: settings.heartbeatInterval)
     heartbeatTimer = timer
     if let age = settings.maxConnectionAge {
-      let check = LoopTimer(loop: loop, repeating: true) { [unowned self] in
-        self.assumeIsolated { $0.endAgedConnections() }
+      let check = LoopTimer(loop: loop, repeating: true) { [weak self] in
+        self?.assumeIsolated { $0.endAgedConnections() }
       }
       check.schedule(after: min(1, max(0.05, age / 4)))
       ageTimer = check
@@ -281,8 +281,8 @@ public actor Feed {
       if !slices.isEmpty { subscriber.sink.write(slices) }
       return
     }
-    subscriber.sink.write(slices) { [unowned self] in
-      self.assumeIsolated { $0.pump(subscriber) }
+    subscriber.sink.write(slices) { [weak self] in
+      self?.assumeIsolated { $0.pump(subscriber) }
     }
   }
 

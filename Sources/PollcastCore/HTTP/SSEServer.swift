@@ -43,8 +43,8 @@ public actor SSEServer {
 
   /// Binds and starts accepting. Returns the bound address (`host:port`, with the real port when 0 was asked).
   public func start() throws(ServerError) -> String {
-    let listener = HTTPListener(loop: loop) { [unowned self] request in
-      self.assumeIsolated { $0.handle(request) }
+    let listener = HTTPListener(loop: loop) { [weak self] request in
+      self?.assumeIsolated { $0.handle(request) }
     }
     try listener.start(
       host: settings.host, port: settings.port,
@@ -183,8 +183,8 @@ public actor SSEServer {
     let subscriber = feed.assumeIsolated { feed in
       feed.attach(sink: sink, requestedID: requestedID, streams: streams)
     }
-    sink.onClose = { [unowned self] in
-      self.assumeIsolated { server in
+    sink.onClose = { [weak self] in
+      self?.assumeIsolated { server in
         server.openStreams -= 1
         server.feed.assumeIsolated { $0.detach(subscriber) }
       }

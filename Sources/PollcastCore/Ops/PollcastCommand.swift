@@ -107,6 +107,7 @@ public enum PollcastCommand {
       metadata: ["address": relay.address, "version": PollcastVersion.current, "max_open_files": String(descriptors)])
     if demo != nil { logger.info("demo running: curl -N http://\(relay.address)/events") }
     let signal = await SignalWaiter.wait(loop: relay.loop, signals: [SIGTERM, SIGINT])
+    if signal < 0 { logger.error("cannot watch termination signals: shutting down") }
     logger.info("shutting down", metadata: ["signal": "\(signal)"])
     await relay.shutdown(deadline: configuration.server.shutdownDeadlineSeconds)
     await demo?.stop()
@@ -119,7 +120,7 @@ public enum PollcastCommand {
   }
 }
 
-/// Waits on the loop for the first of `signals`.
+/// Waits on the loop for the first of `signals`; -1 when the signals cannot be watched.
 public enum SignalWaiter {
   public static func wait(loop: EventLoop, signals: [Int32]) async -> Int32 {
     let holder = WatcherHolder(loop: loop)
@@ -136,11 +137,16 @@ public enum SignalWaiter {
 
     func install(signals: [Int32], continuation: CheckedContinuation<Int32, Never>) {
       var pending: CheckedContinuation<Int32, Never>? = continuation
-      watcher = SignalWatcher(loop: loop, signals: signals) { [self] signum in
-        self.assumeIsolated { holder in
-          holder.watcher = nil
+      do {
+        watcher = try SignalWatcher(loop: loop, signals: signals) { [weak self] signum in
+          self?.assumeIsolated { holder in
+            holder.watcher = nil
+          }
+          pending?.resume(returning: signum)
+          pending = nil
         }
-        pending?.resume(returning: signum)
+      } catch {
+        pending?.resume(returning: -1)
         pending = nil
       }
     }

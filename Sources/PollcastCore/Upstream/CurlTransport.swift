@@ -29,7 +29,7 @@ public final class CurlTransport: @unchecked Sendable {
     let context = Unmanaged.passUnretained(self).toOpaque()  // cleared in deinit via curl_multi_cleanup
     pollcast_multi_setopt_socket(multi, curlSocketCallback, context)
     pollcast_multi_setopt_timer(multi, curlTimerCallback, context)
-    timer = LoopTimer(loop: loop) { [unowned self] in self.socketAction(pollcast_CURL_SOCKET_TIMEOUT, 0) }
+    timer = LoopTimer(loop: loop) { [weak self] in self?.socketAction(pollcast_CURL_SOCKET_TIMEOUT, 0) }
   }
 
   deinit {

@@ -105,11 +105,13 @@ import Testing
     await harness.stop()
   }
 
-  @Test func aThousandConnectResetCyclesLeakNoSocketsOrMemory() async throws {
+  /// Regression: every stream the client closed leaked ~1.7 kB (libevent detaches, rather than frees, a request
+  /// whose chunked reply never ended when the peer goes away), 8 MB per 5,000 reconnects.
+  @Test func fiveThousandConnectResetCyclesLeakNoSocketsOrMemory() async throws {
     let harness = try await RelayHarness.start()
     await harness.publish(20)
     // Warm up allocators and the loop before taking the baseline.
-    for _ in 0..<50 {
+    for _ in 0..<500 {
       let client = try TestSSEClient(port: harness.port)
       try client.waitForHead()
       client.reset()
@@ -117,7 +119,8 @@ import Testing
     try await harness.waitForSubscribers { $0 == 0 }
     let descriptorsBefore = openDescriptorCount()
     let memoryBefore = residentBytes()
-    for cycle in 0..<1000 {
+    let cycles = 5000
+    for cycle in 0..<cycles {
       let client = try TestSSEClient(port: harness.port, headers: cycle % 2 == 0 ? [("Last-Event-ID", "0")] : [])
       try client.waitForHead()
       if cycle % 3 == 0 {
@@ -129,7 +132,7 @@ import Testing
     }
     try await harness.waitForSubscribers(timeout: 20) { $0 == 0 }
     let stats = await harness.statistics()
-    #expect(stats.subscribersTotal == 1050)
+    #expect(stats.subscribersTotal == cycles + 500)
     // Closed sockets are reaped at once: no CLOSE_WAIT on the relay's port.
     let deadline = MonotonicClock.seconds() + 10
     while closeWaitCount(port: harness.port) > 0 && MonotonicClock.seconds() < deadline {
@@ -138,7 +141,8 @@ import Testing
     #expect(closeWaitCount(port: harness.port) == 0)
     #expect(openDescriptorCount() <= descriptorsBefore + 2)
     let growth = residentBytes() - memoryBefore
-    #expect(growth < 16 << 20, "RSS grew by \(growth) bytes over 1000 cycles")
+    print("connect/close cycles: \(cycles), RSS growth \(growth) bytes")
+    #expect(growth < 3 << 20, "RSS grew by \(growth) bytes over \(cycles) cycles (a leak of 1.7 kB each is 8 MB)")
     await harness.stop()
   }
 }

@@ -120,6 +120,15 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
 
   fileprivate func closed() {
     isOpen = false
+    // When the client goes away (EOF, reset, timeout) before the reply ended, libevent 2.1 *detaches* the request
+    // from the connection instead of freeing it (evhttp_connection_incoming_fail: "the request is still being
+    // used for sending") and then frees only the connection: the request, its headers and buffers would leak
+    // (~1.7 kB per disconnect, measured). A detached request has no connection any more; it is ours to free.
+    // When we drop the connection ourselves (abort), the request is still attached and evhttp frees it with the
+    // connection right after this callback.
+    if let request, evhttp_request_get_connection(request) == nil {
+      evhttp_request_free(request)
+    }
     request = nil
     connection = nil
     output = nil

@@ -47,7 +47,8 @@ final class PendingPoll: @unchecked Sendable {  // loop thread only
 
 extension LegacyFixture {
   func route(_ request: HTTPRequest) {
-    guard let path = request.path, let query = request.queryItems else {
+    let query = request.queryItems
+    guard let path = request.path else {
       request.respondError(status: 400, reason: "Bad Request", message: "malformed request target")
       return
     }

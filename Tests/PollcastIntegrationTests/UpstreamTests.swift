@@ -9,6 +9,7 @@ import Testing
     let harness = try await UpstreamHarness.start()
     try await harness.waitForState(.live)
     let client = try TestSSEClient(port: harness.port)
+    try client.waitForHead()  // attached before anything is published
     try await harness.waitForParkedPoll()
     await harness.fixture.append(user: "101", texts: ["hi", "there"])
     await harness.fixture.append(user: "202", texts: ["linked"])
@@ -46,6 +47,7 @@ import Testing
     let harness = try await UpstreamHarness.start()
     try await harness.waitForState(.live)
     let client = try TestSSEClient(port: harness.port)
+    try client.waitForHead()  // attached before anything is published
     try await harness.waitForParkedPoll()
     await harness.fixture.append(user: "101", texts: ["before"])
     try client.waitUntil(timeout: 10, "the first message") { $0.relayedMessages.count == 1 }
@@ -84,6 +86,7 @@ import Testing
     let harness = try await UpstreamHarness.start()
     try await harness.waitForState(.live)
     let client = try TestSSEClient(port: harness.port)
+    try client.waitForHead()  // attached before anything is published
     try await harness.waitForParkedPoll()
     var expected: [String] = []
     for round in 0..<4 {
@@ -132,6 +135,7 @@ import Testing
     try await harness.waitForState(.live)
     let start = await harness.relay.feed.headID
     let client = try TestSSEClient(port: harness.port)
+    try client.waitForHead()  // attached before anything is published
     try await harness.waitForParkedPoll()
     await harness.fixture.append(user: "101", texts: ["solo"])
     try client.waitUntil(timeout: 10, "solo") { $0.relayedMessages.count == 1 }
@@ -191,6 +195,7 @@ import Testing
     let harness = try await UpstreamHarness.start(prefill: ["101": ["old"]])
     try await harness.waitForState(.live)
     let client = try TestSSEClient(port: harness.port)
+    try client.waitForHead()  // attached before anything is published
     try await harness.waitForParkedPoll()
     await harness.fixture.append(user: "101", texts: ["new"])
     try client.waitUntil(timeout: 10, "new") { $0.relayedMessages.count == 1 }
@@ -202,6 +207,7 @@ import Testing
     let harness = try await UpstreamHarness.start()
     try await harness.waitForState(.live)
     let client = try TestSSEClient(port: harness.port)
+    try client.waitForHead()  // attached before anything is published
     await harness.worker.stop()
     await harness.fixture.append(user: "101", texts: ["missed-1", "missed-2"])
     await harness.worker.start()
@@ -226,6 +232,7 @@ import Testing
     try await Task.sleep(for: .milliseconds(300))
     #expect(await harness.fixture.statistics().polls == pollsWhileIdle)
     let client = try TestSSEClient(port: harness.port)
+    try client.waitForHead()  // attached before anything is published
     try client.waitUntil(timeout: 10, "catch-up") { $0.relayedMessages.count == 1 }
     #expect(client.relayedMessages.first?.text == "while-idle")
     try await harness.waitForState(.live)

@@ -70,7 +70,12 @@ extension Configuration {
     .double(
       "upstream.ready_window_seconds", \.upstream.readyWindowSeconds,
       "/readyz wants a poll completed within this window."),
-    .int("upstream.max_body_bytes", \.upstream.maxBodyBytes, "Largest upstream response accepted."),
+    .double(
+      "upstream.resync_interval_seconds", \.upstream.resyncIntervalSeconds,
+      "Re-read the upstream's newest ids (chat) at least this often, so ids that went backwards are noticed."),
+    .int(
+      "upstream.max_body_bytes", \.upstream.maxBodyBytes,
+      "Largest upstream response accepted (decoded off the loop, relayed in slices)."),
     .string(
       "generic.url_template", \.generic.urlTemplate, "Poll URL with {cursor} (last id seen) and {next} (last id + 1)."),
     .string(

@@ -87,7 +87,8 @@ public struct Configuration: Codable, Sendable, Equatable {
     /// 0 never idles.
     public var idleAfterSeconds = 0.0
     public var readyWindowSeconds = 60.0
-    public var maxBodyBytes = 16 << 20
+    public var resyncIntervalSeconds = 60.0
+    public var maxBodyBytes = 8 << 20
 
     enum CodingKeys: String, CodingKey {
       case adapter, url
@@ -101,6 +102,7 @@ public struct Configuration: Codable, Sendable, Equatable {
       case startFrom = "start_from"
       case idleAfterSeconds = "idle_after_seconds"
       case readyWindowSeconds = "ready_window_seconds"
+      case resyncIntervalSeconds = "resync_interval_seconds"
       case maxBodyBytes = "max_body_bytes"
     }
   }
@@ -270,6 +272,7 @@ extension Configuration {
       ("upstream.connect_timeout_seconds", upstream.connectTimeoutSeconds),
       ("upstream.backoff_cap_seconds", upstream.backoffCapSeconds),
       ("upstream.ready_window_seconds", upstream.readyWindowSeconds),
+      ("upstream.resync_interval_seconds", upstream.resyncIntervalSeconds),
     ] where !(value > 0) {
       problems.append("\(key): must be greater than 0")
     }
@@ -293,6 +296,7 @@ extension Configuration {
     settings.backoff = Backoff(base: upstream.backoffBaseSeconds, cap: upstream.backoffCapSeconds)
     settings.idleAfter = upstream.idleAfterSeconds > 0 ? upstream.idleAfterSeconds : nil
     settings.readyWindow = upstream.readyWindowSeconds
+    settings.resyncInterval = upstream.resyncIntervalSeconds
     return settings
   }
 

@@ -158,3 +158,36 @@ public struct EventLoopError: Error, CustomStringConvertible, Sendable {
     "libevent \(operation) failed: \(String(cString: strerror(errno)))"
   }
 }
+
+extension EventLoop {
+  /// Suspends the calling actor (which runs on this loop) until the loop's next turn, after the network events
+  /// that are ready now have had their callbacks. Long work split with it never holds the loop for more than one
+  /// slice: clients keep reading, `/healthz` keeps answering. (Task.yield() would not do: jobs enqueued while the
+  /// loop drains its queue run in the same pass, before any I/O.)
+  public func nextTurn(isolation: isolated (any Actor)? = #isolation) async {
+    await withCheckedContinuation(isolation: isolation) { (continuation: CheckedContinuation<Void, Never>) in
+      let box = ContinuationBox(continuation)
+      // Released by loopTurnCallback, which libevent calls exactly once (or here, when scheduling fails).
+      let context = Unmanaged.passRetained(box).toOpaque()
+      var now = timeval(tv_sec: 0, tv_usec: 0)
+      do {
+        try LibeventCall.check(
+          event_base_once(base, -1, pollcast_EV_TIMEOUT, loopTurnCallback, context, &now), "event_base_once")
+      } catch {
+        Unmanaged<ContinuationBox>.fromOpaque(context).release()
+        continuation.resume()
+      }
+    }
+  }
+}
+
+private final class ContinuationBox {
+  let continuation: CheckedContinuation<Void, Never>
+  init(_ continuation: CheckedContinuation<Void, Never>) { self.continuation = continuation }
+}
+
+private let loopTurnCallback: @convention(c) (Int32, Int16, UnsafeMutableRawPointer?) -> Void = { _, _, context in
+  guard let context else { return }
+  // Balances the passRetained in nextTurn.
+  Unmanaged<ContinuationBox>.fromOpaque(context).takeRetainedValue().continuation.resume()
+}

@@ -58,6 +58,8 @@ public struct FeedStatistics: Sendable, Equatable {
   public var slowConsumerDisconnects = 0
   /// Streams ended by the maximum connection age.
   public var agedOut = 0
+  /// Heartbeat comments written (idle streams only).
+  public var heartbeatsSent = 0
   public var bytesQueued = 0
   public var ringEvents = 0
   public var ringBytes = 0

@@ -28,20 +28,25 @@ public enum SSEEncoder {
     return out
   }
 
-  /// A comment block (`: text`), for the opening line and heartbeats; line breaks in `text` are dropped.
+  /// A comment line (`: text`), for the opening line and heartbeats; line breaks in `text` are dropped.
+  ///
+  /// No blank line follows it: a blank line ends a block, and a block with no `data:` must never be sent. Browsers
+  /// dispatch nothing for one, but popular client libraries (Python's httpx-sse) surface an empty `message` event
+  /// for a block that set only `retry:`. A lone comment line is ignored by every parser wherever it stands.
   public static func comment(_ text: String) -> [UInt8] {
     var out: [UInt8] = [0x3A]
     if !text.isEmpty { out.append(0x20) }
     for byte in text.utf8 where byte != 0x0A && byte != 0x0D { out.append(byte) }
-    out.append(contentsOf: [0x0A, 0x0A])
+    out.append(0x0A)
     return out
   }
 
-  /// The `retry:` field, which tells clients how long to wait before reconnecting.
+  /// The `retry:` field line, which tells clients how long to wait before reconnecting. No blank line follows: it
+  /// becomes part of the first real event's block (which always has `data:`), never a block of its own.
   public static func retry(milliseconds: Int) -> [UInt8] {
     var out = Array("retry: ".utf8)
     appendDecimal(UInt64(max(0, milliseconds)), to: &out)
-    out.append(contentsOf: [0x0A, 0x0A])
+    out.append(0x0A)
     return out
   }
 

@@ -34,6 +34,8 @@ public final class Subscriber: @unchecked Sendable {
   /// Monotonic time at which the maximum connection age ends this stream; nil without one.
   var endsAt: Double?
   var registryIndex = -1
+  /// Monotonic time of the last fan-out write (events, status, heartbeat): a busy stream needs no heartbeat.
+  var lastWrite = 0.0
 
   init(streams: Set<String>?, sink: SubscriberSink, cursor: UInt64, mode: Mode) {
     self.streams = streams

@@ -52,11 +52,14 @@ public final class HTTPListener: @unchecked Sendable {
     evhttp_set_max_body_size(http, limits.maxBodyBytes)
     var timeout = timeval(seconds: limits.timeout)
     evhttp_set_timeout_tv(http, &timeout)
-    // Every method reaches the handler, which answers 405 itself (evhttp would answer 501).
+    // Every method reaches the handler, which answers 405 with Allow itself (evhttp would answer its 501 page).
+    // libevent 2.1 marks a method it does not know (FOO, PROPFIND) as EVHTTP_REQ_UNKNOWN_ (1 << 15, private to
+    // http-internal.h); allowing that bit too brings those to the handler as well.
+    let unknownMethod: UInt32 = 1 << 15
     let everyMethod =
       EVHTTP_REQ_GET.rawValue | EVHTTP_REQ_POST.rawValue | EVHTTP_REQ_HEAD.rawValue | EVHTTP_REQ_PUT.rawValue
       | EVHTTP_REQ_DELETE.rawValue | EVHTTP_REQ_OPTIONS.rawValue | EVHTTP_REQ_TRACE.rawValue
-      | EVHTTP_REQ_CONNECT.rawValue | EVHTTP_REQ_PATCH.rawValue
+      | EVHTTP_REQ_CONNECT.rawValue | EVHTTP_REQ_PATCH.rawValue | unknownMethod
     evhttp_set_allowed_methods(http, UInt16(everyMethod))
     // Unretained: evhttp (and so this callback) is freed in stopAccepting/deinit, before self goes away.
     evhttp_set_gencb(http, httpListenerRequest, Unmanaged.passUnretained(self).toOpaque())

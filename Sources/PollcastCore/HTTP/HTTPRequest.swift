@@ -46,31 +46,45 @@ public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used 
     return strlen(uri)
   }
 
-  /// The decoded path, or nil when the target does not parse.
+  /// The decoded path, or nil when the target does not parse or its decoded path holds a NUL byte
+  /// (`/metrics%00.css` must not be served as `/metrics`: C strings would end at the NUL).
   public var path: String? {
     guard let parsed = evhttp_request_get_evhttp_uri(raw), let path = evhttp_uri_get_path(parsed) else { return nil }
-    guard let decoded = evhttp_uridecode(path, 0, nil) else { return nil }
+    var size = 0
+    guard let decoded = evhttp_uridecode(path, 0, &size) else { return nil }
     defer { free(decoded) }
+    guard strlen(decoded) == size else { return nil }
     return String(cString: decoded)
   }
 
-  /// Query parameters in order, decoded; nil when the query string is malformed.
-  public var queryItems: [(String, String)]? {
-    guard let parsed = evhttp_request_get_evhttp_uri(raw) else { return nil }
-    guard let query = evhttp_uri_get_query(parsed) else { return [] }
-    var list = evkeyvalq()
-    guard evhttp_parse_query_str(query, &list) == 0 else {
-      evhttp_clear_headers(&list)
-      return nil
-    }
-    defer { evhttp_clear_headers(&list) }
-    var items: [(String, String)] = []
-    var entry = pollcast_evkeyvalq_first(&list)
+  /// Query parameters in order, decoded the way browsers do (`QueryString`).
+  public var queryItems: [(String, String)] {
+    guard let parsed = evhttp_request_get_evhttp_uri(raw), let query = evhttp_uri_get_query(parsed) else { return [] }
+    return QueryString.parse(String(cString: query)).map { ($0.name, $0.value) }
+  }
+
+  /// Every value of header `name` (case-insensitive), in order.
+  public func headerValues(_ name: String) -> [String] {
+    guard let headers = evhttp_request_get_input_headers(raw) else { return [] }
+    var values: [String] = []
+    var entry = pollcast_evkeyvalq_first(headers)
     while let current = entry {
-      items.append((String(cString: current.pointee.key), String(cString: current.pointee.value)))
+      if strcasecmp(current.pointee.key, name) == 0 { values.append(String(cString: current.pointee.value)) }
       entry = pollcast_evkeyval_next(current)
     }
-    return items
+    return values
+  }
+
+  /// Why the request's framing cannot be trusted, if it cannot (RFC 9112 §6.3): two Content-Length headers, or
+  /// Content-Length beside Transfer-Encoding. Behind a lenient proxy either one lets a request hide another
+  /// (smuggling); such a request is refused and its connection closed.
+  public var framingProblem: String? {
+    let lengths = headerValues("Content-Length")
+    if lengths.count > 1 { return "more than one Content-Length header" }
+    if !lengths.isEmpty && !headerValues("Transfer-Encoding").isEmpty {
+      return "both Content-Length and Transfer-Encoding"
+    }
+    return nil
   }
 
   public func header(_ name: String) -> String? {

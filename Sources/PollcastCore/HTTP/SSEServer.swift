@@ -84,12 +84,30 @@ public actor SSEServer {
         status: 414, reason: "URI Too Long", message: "request target longer than \(settings.maxURLBytes) bytes")
       return
     }
+    if let problem = request.framingProblem {
+      request.respondError(
+        status: 400, reason: "Bad Request", message: "ambiguous request framing: \(problem)",
+        headers: [("Connection", "close")])
+      return
+    }
     guard let path = request.path else {
-      request.respondError(status: 400, reason: "Bad Request", message: "malformed request target")
+      request.respondError(
+        status: 400, reason: "Bad Request", message: "malformed request target", headers: [("Connection", "close")])
       return
     }
     let origin = request.header("Origin")
     let cors = settings.cors.responseHeaders(origin: origin)
+    if request.method == .connect || request.method == .other {
+      // No route takes these. A CONNECT answer has no body by definition (evhttp sends no Content-Length for
+      // one), and an unknown method may carry a body evhttp did not read: answer and close, so nothing that
+      // follows on the connection is read as a request.
+      request.respond(
+        status: 405, reason: "Method Not Allowed",
+        contentType: request.method == .connect ? nil : "text/plain; charset=utf-8",
+        body: request.method == .connect ? "" : "method not allowed\n",
+        headers: cors + [("Allow", allowedMethods(path)), ("Connection", "close")])
+      return
+    }
     if path == "/events" {
       switch request.method {
       case .get, .head: handleEvents(request, cors: cors)
@@ -116,6 +134,13 @@ public actor SSEServer {
     request.respondError(status: 404, reason: "Not Found", message: "no such path: \(path)", headers: cors)
   }
 
+  /// The `Allow` value of a path.
+  private func allowedMethods(_ path: String) -> String {
+    if path == "/events" { return "GET, HEAD, OPTIONS" }
+    guard let route = routes[path] else { return "GET, HEAD, OPTIONS" }
+    return (route.methods.sorted() + ["OPTIONS"]).joined(separator: ", ")
+  }
+
   private func methodNotAllowed(_ request: HTTPRequest, allow: String, cors: [(String, String)]) {
     request.respondError(
       status: 405, reason: "Method Not Allowed", message: "method \(request.method.rawValue) not allowed here",
@@ -139,10 +164,7 @@ public actor SSEServer {
   }
 
   private func handleEvents(_ request: HTTPRequest, cors: [(String, String)]) {
-    guard let query = request.queryItems else {
-      request.respondError(status: 400, reason: "Bad Request", message: "malformed query string", headers: cors)
-      return
-    }
+    let query = request.queryItems
     var streams: Set<String>?
     var queryLastID: String?
     for (name, value) in query {

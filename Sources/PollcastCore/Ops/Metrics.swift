@@ -34,6 +34,9 @@ public enum Metrics {
     metric("pollcast_head_id", "gauge", "Id of the newest event.", [("", String(stats.headID))])
     one(
       "pollcast_connections_aged_out_total", "counter", "Streams ended by the maximum connection age.", stats.agedOut)
+    one(
+      "pollcast_heartbeats_sent_total", "counter", "Heartbeat comments written to idle streams (spread over the interval).",
+      stats.heartbeatsSent)
     if let loopLag {
       metric(
         "pollcast_event_loop_lag_seconds", "gauge", "How late the event loop ran its last probe timer.",
@@ -69,6 +72,13 @@ public enum Metrics {
     one(
       "pollcast_upstream_rejected_messages_total", "counter", "Messages without a usable id, logged and skipped.",
       upstream.rejectedMessages)
+    one(
+      "pollcast_upstream_repaired_messages_total", "counter",
+      "Messages whose invalid UTF-8 was replaced by U+FFFD, relayed and logged.", upstream.repairedMessages)
+    one(
+      "pollcast_upstream_cursor_rewinds_total", "counter",
+      "Times the upstream's ids went backwards (or its latest fell below the cursor) and the relay followed it.",
+      upstream.cursorRewinds)
     one(
       "pollcast_upstream_backoff_attempt", "gauge", "Consecutive upstream failures (0 when healthy).",
       upstream.backoffAttempt)

@@ -26,6 +26,7 @@ public final class ChatAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-
     self.connectTimeout = connectTimeout
   }
 
+  public var canSync: Bool { true }
   public var hasSession: Bool { token != nil }
 
   public func invalidateSession() { token = nil }
@@ -99,30 +100,30 @@ public final class ChatAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-
           + "&timeout=\(Int(holdSeconds.rounded()))",
         timeout: holdSeconds + marginSeconds, connectTimeout: connectTimeout, label: "poll"))
     try response.requireOK("poll", sessionOn401: true)
-    return try ChatAdapter.parsePoll(try response.json("poll"))
+    return try await response.decode("poll") { json, text throws(UpstreamError) in
+      try ChatAdapter.parsePoll(json, text: text)
+    }
   }
 
   private func order(_ stream: String) -> Int { stream == userID ? 0 : 1 }
 
-  /// `{"101":[{…},…],"202":[]}` → batches; `{}` is an empty answer.
-  static func parsePoll(_ json: RawJSON) throws(UpstreamError) -> UpstreamPollAnswer {
+  /// `{"101":[{…},…],"202":[]}` → batches; `{}` is an empty answer. One bad message (no id, too deep) is
+  /// rejected alone; messages whose invalid UTF-8 was repaired are relayed and marked.
+  static func parsePoll(_ json: RawJSON, text: RepairedText? = nil) throws(UpstreamError) -> UpstreamPollAnswer {
     guard case .object(let members) = json.value else {
       throw UpstreamError(.decoding, "poll answer is not an object")
     }
     var answer = UpstreamPollAnswer(batches: [])
     for (stream, value) in members {
       guard case .array(let elements) = value.value else {
-        answer.rejected.append("stream \(stream): not an array of messages")
+        answer.rejected.append(UpstreamRejection(stream: stream, id: nil, reason: "not an array of messages"))
         continue
       }
       var messages: [UpstreamMessage] = []
       for element in elements {
-        guard case .object = element.value, let id = element["id"]?.unsignedID else {
-          answer.rejected.append(
-            "stream \(stream): message without an unsigned integer \"id\": \(element.rawText.prefix(120))")
-          continue
+        if let message = UpstreamMessage.checked(element, id: element["id"], stream: stream, text: text, into: &answer) {
+          messages.append(message)
         }
-        messages.append(UpstreamMessage(id: id, raw: element.rawText))
       }
       answer.batches.append((stream, messages))
     }

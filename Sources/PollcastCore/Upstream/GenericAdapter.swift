@@ -36,6 +36,7 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
 
   public init(settings: Settings) { self.settings = settings }
 
+  public var canSync: Bool { false }
   public var hasSession: Bool { true }
   public func invalidateSession() {}
 
@@ -68,10 +69,15 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
       return UpstreamPollAnswer(batches: [(settings.stream, [])])
     }
     try response.requireOK("poll", sessionOn401: false)
-    return try GenericAdapter.parse(try response.json("poll"), settings: settings)
+    let settings = self.settings
+    return try await response.decode("poll") { json, text throws(UpstreamError) in
+      try GenericAdapter.parse(json, settings: settings, text: text)
+    }
   }
 
-  static func parse(_ json: RawJSON, settings: Settings) throws(UpstreamError) -> UpstreamPollAnswer {
+  static func parse(_ json: RawJSON, settings: Settings, text: RepairedText? = nil) throws(UpstreamError)
+    -> UpstreamPollAnswer
+  {
     guard let target = json.resolve(pointer: settings.eventsPointer) else {
       throw UpstreamError(.decoding, "events pointer \"\(settings.eventsPointer)\" names nothing in the answer")
     }
@@ -88,12 +94,11 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
     var answer = UpstreamPollAnswer(batches: [])
     var messages: [UpstreamMessage] = []
     for event in events {
-      guard let id = event.resolve(pointer: settings.idPointer)?.unsignedID else {
-        answer.rejected.append(
-          "event without an unsigned integer id at \"\(settings.idPointer)\": \(event.rawText.prefix(120))")
-        continue
+      if let message = UpstreamMessage.checked(
+        event, id: event.resolve(pointer: settings.idPointer), stream: settings.stream, text: text, into: &answer)
+      {
+        messages.append(message)
       }
-      messages.append(UpstreamMessage(id: id, raw: event.rawText))
     }
     answer.batches.append((settings.stream, messages))
     return answer

@@ -9,11 +9,31 @@ public struct RawJSON: Sendable {
     case string(String)
     case array([RawJSON])
     case object([(key: String, value: RawJSON)])
+    /// A value nested deeper than `RawJSON.maxDepth`: checked to be well-formed, kept only as text. Whatever
+    /// contains one is `poisoned`, so that one hostile message can be skipped without losing its neighbours.
+    case tooDeep
   }
+
+  /// Containers nested deeper than this are not materialised (`Value.tooDeep`).
+  public static let maxDepth = 256
 
   public let value: Value
   /// The value's bytes, as they appeared in the document.
   public let text: Substring.UTF8View
+  /// True when this value is, or contains, a `tooDeep` value.
+  public let poisoned: Bool
+
+  init(value: Value, text: Substring.UTF8View, poisoned: Bool = false) {
+    self.value = value
+    self.text = text
+    self.poisoned = poisoned
+  }
+
+  /// Byte offset of this value in the document it was parsed from.
+  public var offset: Int {
+    let substring = Substring(text)
+    return substring.base.utf8.distance(from: substring.base.utf8.startIndex, to: text.startIndex)
+  }
 
   public var rawText: String { String(Substring(text)) }
 
@@ -97,13 +117,17 @@ public struct RawJSON: Sendable {
     mutating func advance() { index = bytes.index(after: index) }
 
     mutating func parseValue(depth: Int) throws(RawJSONError) -> RawJSON {
-      guard depth < 256 else { throw error("nesting deeper than 256 levels") }
       let start = index
       guard let byte = current else { throw error("unexpected end of document") }
       let value: Value
+      var poisoned = false
       switch byte {
-      case UInt8(ascii: "{"): value = try parseObject(depth: depth)
-      case UInt8(ascii: "["): value = try parseArray(depth: depth)
+      case UInt8(ascii: "{") where depth >= RawJSON.maxDepth, UInt8(ascii: "[") where depth >= RawJSON.maxDepth:
+        try skipContainer()
+        value = .tooDeep
+        poisoned = true
+      case UInt8(ascii: "{"): (value, poisoned) = try parseObject(depth: depth)
+      case UInt8(ascii: "["): (value, poisoned) = try parseArray(depth: depth)
       case UInt8(ascii: "\""): value = .string(try parseString())
       case UInt8(ascii: "t"):
         try literal("true")
@@ -117,7 +141,33 @@ public struct RawJSON: Sendable {
       case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): value = .number(try parseNumber())
       default: throw error("unexpected character")
       }
-      return RawJSON(value: value, text: Substring(document)[start..<index].utf8)
+      return RawJSON(value: value, text: Substring(document)[start..<index].utf8, poisoned: poisoned)
+    }
+
+    /// Checks a container too deep to materialise without recursion: brackets balance and match, strings and
+    /// scalars are well-formed where they stand. Stops after its closing bracket.
+    mutating func skipContainer() throws(RawJSONError) {
+      var open: [UInt8] = []
+      repeat {
+        skipSpace()
+        guard let byte = current else { throw error("unterminated nested value") }
+        switch byte {
+        case UInt8(ascii: "{"), UInt8(ascii: "["):
+          open.append(byte == UInt8(ascii: "{") ? UInt8(ascii: "}") : UInt8(ascii: "]"))
+          advance()
+        case UInt8(ascii: "}"), UInt8(ascii: "]"):
+          guard open.last == byte else { throw error("mismatched bracket") }
+          open.removeLast()
+          advance()
+        case UInt8(ascii: ","), UInt8(ascii: ":"): advance()
+        case UInt8(ascii: "\""): _ = try parseString()
+        case UInt8(ascii: "t"): try literal("true")
+        case UInt8(ascii: "f"): try literal("false")
+        case UInt8(ascii: "n"): try literal("null")
+        case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): _ = try parseNumber()
+        default: throw error("unexpected character")
+        }
+      } while !open.isEmpty
     }
 
     mutating func literal(_ word: String) throws(RawJSONError) {
@@ -219,32 +269,36 @@ public struct RawJSON: Sendable {
       return value
     }
 
-    mutating func parseArray(depth: Int) throws(RawJSONError) -> Value {
+    mutating func parseArray(depth: Int) throws(RawJSONError) -> (Value, poisoned: Bool) {
       advance()
       var elements: [RawJSON] = []
+      var poisoned = false
       skipSpace()
       if current == UInt8(ascii: "]") {
         advance()
-        return .array(elements)
+        return (.array(elements), false)
       }
       while true {
         skipSpace()
-        elements.append(try parseValue(depth: depth + 1))
+        let element = try parseValue(depth: depth + 1)
+        poisoned = poisoned || element.poisoned
+        elements.append(element)
         skipSpace()
         guard let byte = current else { throw error("unterminated array") }
         advance()
-        if byte == UInt8(ascii: "]") { return .array(elements) }
+        if byte == UInt8(ascii: "]") { return (.array(elements), poisoned) }
         guard byte == UInt8(ascii: ",") else { throw error("expected , or ] in array") }
       }
     }
 
-    mutating func parseObject(depth: Int) throws(RawJSONError) -> Value {
+    mutating func parseObject(depth: Int) throws(RawJSONError) -> (Value, poisoned: Bool) {
       advance()
       var members: [(key: String, value: RawJSON)] = []
+      var poisoned = false
       skipSpace()
       if current == UInt8(ascii: "}") {
         advance()
-        return .object(members)
+        return (.object(members), false)
       }
       while true {
         skipSpace()
@@ -254,11 +308,13 @@ public struct RawJSON: Sendable {
         guard current == UInt8(ascii: ":") else { throw error("expected : after a member name") }
         advance()
         skipSpace()
-        members.append((key, try parseValue(depth: depth + 1)))
+        let member = try parseValue(depth: depth + 1)
+        poisoned = poisoned || member.poisoned
+        members.append((key, member))
         skipSpace()
         guard let byte = current else { throw error("unterminated object") }
         advance()
-        if byte == UInt8(ascii: "}") { return .object(members) }
+        if byte == UInt8(ascii: "}") { return (.object(members), poisoned) }
         guard byte == UInt8(ascii: ",") else { throw error("expected , or } in object") }
       }
     }

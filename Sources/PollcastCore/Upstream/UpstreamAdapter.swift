@@ -2,10 +2,27 @@
 public struct UpstreamMessage: Sendable, Equatable {
   public var id: UInt64
   public var raw: String
+  /// Invalid UTF-8 in it was replaced by U+FFFD (`RepairedText`).
+  public var repaired: Bool
 
-  public init(id: UInt64, raw: String) {
+  public init(id: UInt64, raw: String, repaired: Bool = false) {
     self.id = id
     self.raw = raw
+    self.repaired = repaired
+  }
+}
+
+/// A message that cannot be relayed. With an id (and stream), the cursor still moves past it: one poison
+/// message must not stall the stream, and a real upstream would otherwise resend it forever.
+public struct UpstreamRejection: Sendable, Equatable {
+  public var stream: String?
+  public var id: UInt64?
+  public var reason: String
+
+  public init(stream: String?, id: UInt64?, reason: String) {
+    self.stream = stream
+    self.id = id
+    self.reason = reason
   }
 }
 
@@ -30,10 +47,11 @@ public struct UpstreamPreparation: Sendable, Equatable {
 public struct UpstreamPollAnswer: Sendable, Equatable {
   /// Messages per stream, in the order the server sent them.
   public var batches: [(stream: String, messages: [UpstreamMessage])]
-  /// Messages that could not be relayed (no usable id, not an object), with why; logged and counted.
-  public var rejected: [String] = []
+  /// Messages that could not be relayed (no usable id, not an object, nested too deep), with why; logged and
+  /// counted.
+  public var rejected: [UpstreamRejection] = []
 
-  public init(batches: [(stream: String, messages: [UpstreamMessage])], rejected: [String] = []) {
+  public init(batches: [(stream: String, messages: [UpstreamMessage])], rejected: [UpstreamRejection] = []) {
     self.batches = batches
     self.rejected = rejected
   }
@@ -60,17 +78,41 @@ public protocol UpstreamAdapter: AnyObject, Sendable {
     async throws(UpstreamError) -> UpstreamPollAnswer
   /// Forgets the session (after a 401), so the next `prepare` starts a new one.
   func invalidateSession()
+  /// Whether `prepare` reads the server's newest ids (a resync is worth a call).
+  var canSync: Bool { get }
 }
 
 extension UpstreamResponse {
   /// The body as JSON, or a decoding error that says what was wrong.
   func json(_ what: String) throws(UpstreamError) -> RawJSON {
-    let text = try text()
+    try UpstreamResponse.parse(text(), what).json
+  }
+
+  static func parse(_ text: RepairedText, _ what: String) throws(UpstreamError) -> (json: RawJSON, text: RepairedText) {
     do {
-      return try RawJSON.parse(text)
+      return (try RawJSON.parse(text.text), text)
     } catch {
       throw UpstreamError(.decoding, "\(what) answer is not JSON", cause: error.description)
     }
+  }
+
+  /// Bodies up to this size are decoded on the loop; larger ones on another thread, so that a huge answer never
+  /// holds the loop (1,000,000 tiny messages held it for 7.3 s).
+  static let inlineDecodeLimit = 64 << 10
+
+  /// Decodes the body (UTF-8 repair, JSON, then `interpret`) off the loop when it is large.
+  func decode<T: Sendable>(
+    _ what: String, _ interpret: @escaping @Sendable (RawJSON, RepairedText) throws(UpstreamError) -> T
+  ) async throws(UpstreamError) -> T {
+    let body = self.body
+    let work: @Sendable () -> Result<T, UpstreamError> = {
+      Result { () throws(UpstreamError) -> T in
+        let (json, text) = try UpstreamResponse.parse(RepairedText(body), what)
+        return try interpret(json, text)
+      }
+    }
+    if body.count <= UpstreamResponse.inlineDecodeLimit { return try work().get() }
+    return try await Task.detached(priority: .userInitiated, operation: work).value.get()
   }
 
   /// Throws for anything but 200: 401 as an expired session (when `sessionOn401`), the rest as status errors.
@@ -79,5 +121,29 @@ extension UpstreamResponse {
     if status == 401 && sessionOn401 { throw UpstreamError(.sessionExpired, "\(what): token refused (401)") }
     let snippet = String(decoding: body.prefix(200), as: UTF8.self)
     throw UpstreamError(.status(status), "\(what) answered \(status)", cause: snippet.isEmpty ? nil : snippet)
+  }
+}
+
+extension UpstreamMessage {
+  /// `element` as a message, or nil with a rejection added to `answer` (not an object, no unsigned id, nested
+  /// too deep). The rejection keeps the id when there is one, so the cursor moves past it.
+  static func checked(
+    _ element: RawJSON, id idValue: RawJSON?, stream: String, text: RepairedText?, into answer: inout UpstreamPollAnswer
+  ) -> UpstreamMessage? {
+    let id = idValue?.unsignedID
+    guard case .object = element.value, let id else {
+      answer.rejected.append(
+        UpstreamRejection(
+          stream: stream, id: nil,
+          reason: "message without an unsigned integer id: \(String(element.rawText.prefix(120)))"))
+      return nil
+    }
+    guard !element.poisoned else {
+      answer.rejected.append(
+        UpstreamRejection(stream: stream, id: id, reason: "nested deeper than \(RawJSON.maxDepth) levels"))
+      return nil
+    }
+    let repaired = text?.repaired(offset: element.offset, count: element.text.count) ?? false
+    return UpstreamMessage(id: id, raw: element.rawText, repaired: repaired)
   }
 }

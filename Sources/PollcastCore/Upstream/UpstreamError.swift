@@ -87,11 +87,52 @@ public struct UpstreamResponse: Sendable {
     self.duration = duration
   }
 
-  /// The body as text; a body that is not UTF-8 is a decoding error.
-  public func text() throws(UpstreamError) -> String {
-    guard let text = String(validating: body, as: UTF8.self) else {
-      throw UpstreamError(.decoding, "response body is not valid UTF-8")
+  /// The body as text, with every invalid UTF-8 sequence replaced by U+FFFD (see `RepairedText`).
+  public func text() -> RepairedText { RepairedText(body) }
+}
+
+/// Text decoded from bytes that should be UTF-8. A legacy API sometimes stores bytes that are not (a truncated
+/// multi-byte character, Latin-1 from an old import): rejecting the whole answer for one such message would stall
+/// the stream forever, since the cursor could never move past it. Each invalid sequence becomes U+FFFD, and the
+/// byte offsets of those replacements are kept so the messages that contain them can be counted and logged.
+public struct RepairedText: Sendable {
+  public let text: String
+  /// UTF-8 offsets in `text` where a U+FFFD replaced invalid input, ascending.
+  public let repairs: [Int]
+
+  public init(_ bytes: [UInt8]) {
+    if let valid = String(validating: bytes, as: UTF8.self) {
+      text = valid
+      repairs = []
+      return
     }
-    return text
+    var output: [UInt8] = []
+    output.reserveCapacity(bytes.count + 16)
+    var found: [Int] = []
+    var iterator = bytes.makeIterator()
+    var parser = Unicode.UTF8.ForwardParser()
+    loop: while true {
+      switch parser.parseScalar(from: &iterator) {
+      case .valid(let encoded): output.append(contentsOf: encoded)
+      case .error:
+        found.append(output.count)
+        output.append(contentsOf: [0xEF, 0xBF, 0xBD])
+      case .emptyInput: break loop
+      }
+    }
+    text = String(decoding: output, as: UTF8.self)
+    repairs = found
+  }
+
+  /// Whether the `count` bytes at `offset` contain a replacement.
+  public func repaired(offset: Int, count: Int) -> Bool {
+    guard !repairs.isEmpty else { return false }
+    var low = 0
+    var high = repairs.count
+    while low < high {
+      let middle = (low + high) / 2
+      if repairs[middle] < offset { low = middle + 1 } else { high = middle }
+    }
+    return low < repairs.count && repairs[low] < offset + count
   }
 }

@@ -21,6 +21,11 @@ public actor UpstreamWorker {
     public var idleAfter: Double?
     /// `/readyz` wants a poll completed within this many seconds.
     public var readyWindow: Double = 60
+    /// Re-read the upstream's newest ids (chat: `/api/messages/last`) before the next poll once this many seconds
+    /// passed since the last sync: a database restored with lower ids is noticed even while polls only time out.
+    public var resyncInterval: Double = 60
+    /// Events published per loop turn: a huge answer is relayed in slices so no turn holds the loop for long.
+    public var publishSlice = 1000
     public init() {}
   }
 
@@ -47,6 +52,11 @@ public actor UpstreamWorker {
   private var consecutiveUnauthorized = 0
   private var idleTimer: LoopTimer?
   private var running = false
+  private var lastSync = 0.0
+  /// Upstream ids relayed lately, per stream: an id at or below the cursor that is among them is a resend (a
+  /// duplicate); one that is not means the upstream's ids went backwards.
+  private var recent: [String: RecentIDs] = [:]
+  private var logLimiter = LogLimiter()
   public private(set) var state: State = .stopped
   public private(set) var statistics = UpstreamStatistics()
 
@@ -167,6 +177,7 @@ public actor UpstreamWorker {
           }
           apply(preparation)
           needsPreparation = false
+          lastSync = MonotonicClock.seconds()
         }
         statistics.pollsInFlight += 1
         assert(statistics.pollsInFlight == 1, "more than one poll in flight")
@@ -189,7 +200,13 @@ public actor UpstreamWorker {
         backoff.reset()
         statistics.backoffAttempt = 0
         statistics.nextRetryDelay = 0
-        relay(answer)
+        let wentBackwards = await relay(answer, cycleGeneration)
+        guard isCurrent(cycleGeneration) else { return }
+        // Resync from the upstream's own notion of latest when its ids went backwards, and periodically: a
+        // restored database that honours the old cursor never answers a poll at all.
+        if (wentBackwards || MonotonicClock.seconds() - lastSync >= settings.resyncInterval) && adapter.canSync {
+          needsPreparation = true
+        }
       } catch {
         guard isCurrent(cycleGeneration), error.kind != .cancelled else { return }
         statistics.pollsByOutcome[error.outcome, default: 0] += 1
@@ -266,8 +283,10 @@ public actor UpstreamWorker {
           "upstream last id is below the relay's cursor: following the server",
           metadata: ["stream": stream, "cursor": String(cursor), "server_last": String(serverLast)])
         statistics.cursorRewinds += 1
+        publishResync(stream: stream, from: cursor, to: serverLast, reason: "upstream_latest_below_cursor")
         cursors[stream] = serverLast
         backlogUntil[stream] = nil
+        recent[stream] = nil
       }
     }
     streams = next
@@ -276,44 +295,104 @@ public actor UpstreamWorker {
     updateLiveness()
   }
 
-  /// Publishes an answer's new messages and then advances the cursors.
-  private func relay(_ answer: UpstreamPollAnswer) {
-    for reason in answer.rejected {
+  /// Publishes an answer's new messages, slice by slice across loop turns, advancing each stream's cursor once
+  /// a slice is in the feed. Poison messages (no usable content) are skipped, but with an id they still move the
+  /// cursor, so the upstream does not send them forever. Returns whether the upstream's ids went backwards.
+  private func relay(_ answer: UpstreamPollAnswer, _ cycleGeneration: Int) async -> Bool {
+    var skipped: [String: UInt64] = [:]
+    for rejection in answer.rejected {
       statistics.rejectedMessages += 1
-      logger.error("upstream message cannot be relayed", metadata: ["reason": reason])
+      var fields = ["reason": rejection.reason]
+      if let stream = rejection.stream { fields["stream"] = stream }
+      if let id = rejection.id { fields["upstream_id"] = String(id) }
+      logger.limited(.error, "upstream message cannot be relayed: skipped", metadata: fields, limiter: &logLimiter)
+      if let stream = rejection.stream, let id = rejection.id, streams.contains(stream) {
+        skipped[stream] = max(skipped[stream] ?? 0, id)
+      }
     }
-    var events: [FeedEvent] = []
-    var advanced = cursors
+    var wentBackwards = false
+    var pending: [(stream: String, id: UInt64, event: FeedEvent)] = []
+    var planned = cursors
     for batch in answer.batches {
       guard streams.contains(batch.stream) else {
         statistics.unknownStreams += 1
-        logger.warning("upstream answer names an unknown stream: ignored", metadata: ["stream": batch.stream])
+        logger.limited(
+          .warning, "upstream answer names an unknown stream: ignored", metadata: ["stream": batch.stream],
+          limiter: &logLimiter)
         continue
       }
+      var recentIDs = recent[batch.stream] ?? RecentIDs()
       for message in batch.messages.sorted(by: { $0.id < $1.id }) {
-        guard message.id > advanced[batch.stream] ?? 0 else {
-          statistics.duplicatesDropped += 1
-          continue
+        let cursor = planned[batch.stream] ?? 0
+        if message.id <= cursor {
+          if recentIDs.contains(message.id) || message.id == cursor {
+            statistics.duplicatesDropped += 1
+            continue
+          }
+          // Not a resend of anything relayed lately: the upstream's ids went backwards (a restored database, an
+          // id of 2^64-1 followed by ordinary ones). Follow the server rather than drop everything from now on.
+          wentBackwards = true
+          statistics.cursorRewinds += 1
+          logger.warning(
+            "upstream ids went backwards: following the server",
+            metadata: ["stream": batch.stream, "cursor": String(cursor), "upstream_id": String(message.id)])
+          publishResync(stream: batch.stream, from: cursor, to: message.id, reason: "ids_went_backwards")
+        }
+        if message.repaired {
+          statistics.repairedMessages += 1
+          logger.limited(
+            .warning, "upstream message had invalid UTF-8: relayed with U+FFFD",
+            metadata: ["stream": batch.stream, "upstream_id": String(message.id)], limiter: &logLimiter)
         }
         let backlog = message.id <= backlogUntil[batch.stream] ?? 0
-        events.append(
-          FeedEvent(
-            stream: batch.stream,
-            data: JSONText.object([
-              "stream": JSONText.quoted(batch.stream), "upstream_id": JSONText.quoted(String(message.id)),
-              "backlog": backlog ? "true" : "false", "message": message.raw,
-            ])))
-        advanced[batch.stream] = message.id
+        pending.append(
+          (
+            batch.stream, message.id,
+            FeedEvent(
+              stream: batch.stream,
+              data: JSONText.object([
+                "stream": JSONText.quoted(batch.stream), "upstream_id": JSONText.quoted(String(message.id)),
+                "backlog": backlog ? "true" : "false", "message": message.raw,
+              ]))
+          ))
+        planned[batch.stream] = message.id
+        recentIDs.insert(message.id)
         if backlog { statistics.backlogMessages += 1 }
       }
+      recent[batch.stream] = recentIDs
     }
-    if !events.isEmpty {
-      _ = feed.assumeIsolated { $0.publish(events) }
-      statistics.messagesRelayed += events.count
+    var start = 0
+    while start < pending.count {
+      if start > 0 {
+        // Let clients read and other requests run between slices.
+        await loop.nextTurn()
+        guard isCurrent(cycleGeneration) else { return wentBackwards }
+      }
+      let slice = pending[start..<min(pending.count, start + max(1, settings.publishSlice))]
+      publish(slice.map(\.event))
+      statistics.messagesRelayed += slice.count
+      // Only now that the messages are in the feed do the cursors move.
+      for item in slice { cursors[item.stream] = item.id }
+      start += slice.count
     }
-    // Only now that the messages are in the feed do the cursors move.
-    cursors = advanced
+    for (stream, id) in skipped where id > cursors[stream] ?? 0 { cursors[stream] = id }
     updateLiveness()
+    return wentBackwards
+  }
+
+  /// The feed shares this worker's loop: publishing is a plain call, no hop.
+  private func publish(_ events: [FeedEvent]) {
+    _ = feed.assumeIsolated { $0.publish(events) }
+  }
+
+  /// Tells clients, in the `upstream` status event, that the relay followed the upstream to other ids.
+  private func publishResync(stream: String, from: UInt64, to: UInt64, reason: String) {
+    let data = JSONText.object([
+      "state": JSONText.quoted("resync"), "adapter": JSONText.quoted(adapter.name),
+      "stream": JSONText.quoted(stream), "reason": JSONText.quoted(reason),
+      "cursor": JSONText.quoted(String(from)), "upstream_id": JSONText.quoted(String(to)),
+    ])
+    feed.assumeIsolated { $0.publishStatus(data) }
   }
 
   private func updateLiveness() {
@@ -384,6 +463,7 @@ public struct UpstreamStatistics: Sendable {
   public var duplicatesDropped = 0
   public var unknownStreams = 0
   public var rejectedMessages = 0
+  public var repairedMessages = 0
   public var cursorRewinds = 0
   public var backoffAttempt = 0
   public var nextRetryDelay = 0.0
@@ -412,5 +492,27 @@ public struct Histogram: Sendable {
     for (index, bound) in bounds.enumerated() where value <= bound { counts[index] += 1 }
     sum += value
     count += 1
+  }
+}
+
+/// The last few thousand ids relayed on one stream, to tell a resend from ids going backwards.
+struct RecentIDs: Sendable {
+  static let capacity = 4096
+  private var order: [UInt64] = []
+  private var members: Set<UInt64> = []
+  private var next = 0
+
+  func contains(_ id: UInt64) -> Bool { members.contains(id) }
+
+  mutating func insert(_ id: UInt64) {
+    guard !members.contains(id) else { return }
+    if order.count < RecentIDs.capacity {
+      order.append(id)
+    } else {
+      members.remove(order[next])
+      order[next] = id
+      next = (next + 1) % RecentIDs.capacity
+    }
+    members.insert(id)
   }
 }

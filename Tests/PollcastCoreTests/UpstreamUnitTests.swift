@@ -88,10 +88,36 @@ import Testing
 
   @Test(arguments: [
     "", "{", "{\"a\":}", "[1,]", "{\"a\" 1}", "tru", "01", "1.", "-", "\"unterminated", "\"\\x\"", "\"\\ud800\"",
-    "{} x", "\"a\u{01}b\"", String(repeating: "[", count: 300) + String(repeating: "]", count: 300),
+    "{} x", "\"a\u{01}b\"", String(repeating: "[", count: 300) + String(repeating: "]", count: 299),
+    String(repeating: "[", count: 300) + String(repeating: "}", count: 300),
   ])
   func malformedDocumentsAreRejected(document: String) {
     #expect(throws: RawJSONError.self) { try RawJSON.parse(document) }
+  }
+
+  /// Nesting deeper than the limit no longer fails the document: the deep value is checked without recursion and
+  /// marked, so the one message holding it can be skipped while its neighbours are relayed.
+  @Test func nestingDeeperThanTheLimitIsMarkedNotFatal() throws {
+    let deep = String(repeating: "[", count: 100_000) + String(repeating: "]", count: 100_000)
+    let document = #"{"101":[{"id":1,"text":"a"},{"id":2,"x":"# + deep + #"},{"id":3,"text":"c"}]}"#
+    let json = try RawJSON.parse(document)
+    #expect(json.poisoned)
+    let answer = try ChatAdapter.parsePoll(json)
+    #expect(answer.batches.first?.messages.map(\.id) == [1, 3])
+    #expect(answer.rejected == [UpstreamRejection(stream: "101", id: 2, reason: "nested deeper than 256 levels")])
+    #expect(try !RawJSON.parse(#"{"a":[[1]]}"#).poisoned)
+  }
+
+  @Test func invalidUTF8IsRepairedAndTheRepairedMessagesAreKnown() throws {
+    let body = Array(#"{"101":[{"id":1,"text":"ok"},{"id":2,"text":"bad "#.utf8) + [0xC3, 0x28, 0xFF]
+      + Array(#""},{"id":3,"text":"é"}]}"#.utf8)
+    let text = RepairedText(body)
+    #expect(text.repairs.count == 2)
+    let answer = try ChatAdapter.parsePoll(try RawJSON.parse(text.text), text: text)
+    let messages = try #require(answer.batches.first?.messages)
+    #expect(messages.map(\.id) == [1, 2, 3])
+    #expect(messages.map(\.repaired) == [false, true, false])
+    #expect(messages[1].raw.contains("\u{FFFD}(\u{FFFD}"))
   }
 
   @Test func idsAcceptIntegersAndDigitStringsOnly() throws {

@@ -8,6 +8,12 @@ extension Configuration {
     .int("server.max_url_bytes", \.server.maxURLBytes, "Longest request target accepted (414 beyond)."),
     .int("server.max_body_bytes", \.server.maxBodyBytes, "Largest request body accepted."),
     .double(
+      "server.header_timeout_seconds", \.server.headerTimeoutSeconds,
+      "A new connection must complete its first request within this time (slowloris guard)."),
+    .int(
+      "server.descriptor_reserve", \.server.descriptorReserve,
+      "File descriptors kept for health checks and the upstream: new streams are refused (503) within it."),
+    .double(
       "server.timeout_seconds", \.server.timeoutSeconds,
       "Read/write timeout of client connections; must exceed sse.heartbeat_seconds."),
     .int("server.backlog", \.server.backlog, "listen(2) backlog for bursts of new connections."),

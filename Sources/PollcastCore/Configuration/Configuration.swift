@@ -10,6 +10,8 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var maxBodyBytes = 64 << 10
     public var timeoutSeconds = 60.0
     public var backlog = 4096
+    public var headerTimeoutSeconds = 10.0
+    public var descriptorReserve = 64
     public var shutdownSpreadSeconds = 0.0
     public var shutdownDeadlineSeconds = 10.0
 
@@ -21,6 +23,8 @@ public struct Configuration: Codable, Sendable, Equatable {
       case maxURLBytes = "max_url_bytes"
       case maxBodyBytes = "max_body_bytes"
       case timeoutSeconds = "timeout_seconds"
+      case headerTimeoutSeconds = "header_timeout_seconds"
+      case descriptorReserve = "descriptor_reserve"
     }
   }
 
@@ -145,6 +149,7 @@ extension Configuration {
     return ServerSettings(
       host: address.host, port: address.port, maxHeaderBytes: server.maxHeaderBytes, maxURLBytes: server.maxURLBytes,
       maxBodyBytes: server.maxBodyBytes, timeout: server.timeoutSeconds, backlog: server.backlog,
+      headerTimeout: server.headerTimeoutSeconds, descriptorReserve: server.descriptorReserve,
       cors: CORSPolicy(
         allowedOrigins: cors.allowedOrigins, allowCredentials: cors.allowCredentials, maxAge: cors.maxAgeSeconds))
   }
@@ -186,6 +191,10 @@ extension Configuration {
           + "which also bounds the request line")
     }
     if !(server.timeoutSeconds > 0) { problems.append("server.timeout_seconds: must be greater than 0") }
+    if !(server.headerTimeoutSeconds > 0) {
+      problems.append("server.header_timeout_seconds: must be greater than 0")
+    }
+    if server.descriptorReserve < 8 { problems.append("server.descriptor_reserve: must be at least 8") }
     if !(sse.heartbeatSeconds > 0) {
       problems.append("sse.heartbeat_seconds: must be greater than 0")
     } else if sse.heartbeatSeconds >= server.timeoutSeconds {

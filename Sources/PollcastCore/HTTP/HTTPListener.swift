@@ -10,13 +10,18 @@ public final class HTTPListener: @unchecked Sendable {
     /// evhttp's read/write timeout for connections, in seconds.
     public var timeout: Double
     public var backlog: Int
+    /// A connection must complete its first request within this many seconds.
+    public var headerTimeout: Double
 
-    public init(maxHeaderBytes: Int = 16 << 10, maxBodyBytes: Int = 1 << 20, timeout: Double = 60, backlog: Int = 4096)
-    {
+    public init(
+      maxHeaderBytes: Int = 16 << 10, maxBodyBytes: Int = 1 << 20, timeout: Double = 60, backlog: Int = 4096,
+      headerTimeout: Double = 10
+    ) {
       self.maxHeaderBytes = maxHeaderBytes
       self.maxBodyBytes = maxBodyBytes
       self.timeout = timeout
       self.backlog = backlog
+      self.headerTimeout = headerTimeout
     }
   }
 
@@ -24,18 +29,29 @@ public final class HTTPListener: @unchecked Sendable {
   private var http: OpaquePointer?
   private var boundSocket: OpaquePointer?
   private let handler: (HTTPRequest) -> Void
+  private let logger: Logger
+  private var acceptGuard: AcceptGuard?
   /// `host:port` once started.
   public private(set) var address = ""
   public private(set) var port = 0
 
-  public init(loop: EventLoop, handler: @escaping (HTTPRequest) -> Void) {
+  public init(
+    loop: EventLoop, logger: Logger = Logger(label: "pollcast.http", level: .warning),
+    handler: @escaping (HTTPRequest) -> Void
+  ) {
     self.loop = loop
+    self.logger = logger
     self.handler = handler
   }
 
   deinit {
+    // evhttp first: freeing it frees the connections, whose bufferevents the guard still holds a reference to.
     if let http { evhttp_free(http) }
+    acceptGuard?.release()
   }
+
+  /// Accept pauses, shed clients and header timeouts so far.
+  public var acceptCounters: AcceptGuard.Counters { acceptGuard?.counters ?? .init() }
 
   /// Binds and starts accepting.
   public func start(host: String, port: Int, limits: Limits) throws(ServerError) {
@@ -61,6 +77,9 @@ public final class HTTPListener: @unchecked Sendable {
       | EVHTTP_REQ_DELETE.rawValue | EVHTTP_REQ_OPTIONS.rawValue | EVHTTP_REQ_TRACE.rawValue
       | EVHTTP_REQ_CONNECT.rawValue | EVHTTP_REQ_PATCH.rawValue | unknownMethod
     evhttp_set_allowed_methods(http, UInt16(everyMethod))
+    let acceptGuard = AcceptGuard(loop: loop, logger: logger, headerTimeout: limits.headerTimeout)
+    // Unretained: the guard lives as long as evhttp (both are freed in close/deinit, evhttp first).
+    evhttp_set_bevcb(http, acceptGuardBufferevent, Unmanaged.passUnretained(acceptGuard).toOpaque())
     // Unretained: evhttp (and so this callback) is freed in stopAccepting/deinit, before self goes away.
     evhttp_set_gencb(http, httpListenerRequest, Unmanaged.passUnretained(self).toOpaque())
     guard let bound = evhttp_accept_socket_with_handle(http, socket.fd) else {
@@ -70,6 +89,8 @@ public final class HTTPListener: @unchecked Sendable {
     }
     self.http = http
     self.boundSocket = bound
+    if let listener = evhttp_bound_socket_get_listener(bound) { acceptGuard.attach(listener: listener, http: http) }
+    self.acceptGuard = acceptGuard
     self.address = socket.address
     self.port = socket.port
   }
@@ -77,6 +98,7 @@ public final class HTTPListener: @unchecked Sendable {
   /// Closes the listening socket; connections already accepted go on.
   public func stopAccepting() {
     if let http, let boundSocket {
+      acceptGuard?.detachListener()
       evhttp_del_accept_socket(http, boundSocket)
       self.boundSocket = nil
     }
@@ -87,9 +109,14 @@ public final class HTTPListener: @unchecked Sendable {
     stopAccepting()
     if let http { evhttp_free(http) }
     http = nil
+    acceptGuard?.release()
+    acceptGuard = nil
   }
 
-  fileprivate func dispatch(_ request: HTTPRequest) { handler(request) }
+  fileprivate func dispatch(_ request: HTTPRequest) {
+    if let connection = request.connection { acceptGuard?.requestArrived(on: connection) }
+    handler(request)
+  }
 }
 
 private let httpListenerRequest: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = {

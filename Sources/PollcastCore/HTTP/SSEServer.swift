@@ -13,6 +13,9 @@ public actor SSEServer {
   private var listener: HTTPListener?
   private let scratch = EventBuffer()
   private var openStreams = 0
+  private var reserveRefusals = 0
+  /// The soft limit on descriptors, read once at start (the relay raises it before).
+  private var descriptorLimit = Int.max
   private let logger: Logger
   /// Extra routes (`/metrics`, `/readyz`, …) served by other components: path → handler.
   private var routes: [String: Route] = [:]
@@ -43,20 +46,33 @@ public actor SSEServer {
 
   /// Binds and starts accepting. Returns the bound address (`host:port`, with the real port when 0 was asked).
   public func start() throws(ServerError) -> String {
-    let listener = HTTPListener(loop: loop) { [weak self] request in
+    let listener = HTTPListener(loop: loop, logger: logger) { [weak self] request in
       self?.assumeIsolated { $0.handle(request) }
     }
     try listener.start(
       host: settings.host, port: settings.port,
       limits: .init(
         maxHeaderBytes: settings.maxHeaderBytes, maxBodyBytes: settings.maxBodyBytes, timeout: settings.timeout,
-        backlog: settings.backlog))
+        backlog: settings.backlog, headerTimeout: settings.headerTimeout))
     self.listener = listener
+    let limit = descriptorSoftLimit()
+    if limit > 0 { descriptorLimit = limit }
     return listener.address
   }
 
   /// Streams currently open.
   public var openStreamCount: Int { openStreams }
+
+  /// What the server refused or cut to protect itself, for `/metrics`.
+  public struct ProtectionCounters: Sendable {
+    public var accept = AcceptGuard.Counters()
+    /// Streams refused because their descriptor fell inside the reserve.
+    public var reserveRefusals = 0
+  }
+
+  public var protectionCounters: ProtectionCounters {
+    ProtectionCounters(accept: listener?.acceptCounters ?? .init(), reserveRefusals: reserveRefusals)
+  }
 
   /// Stops accepting, ends every stream with a last comment, waits for them to flush (up to `deadline`
   /// seconds), then frees the server.
@@ -193,12 +209,23 @@ public actor SSEServer {
       evhttp_send_reply(request.raw, 200, "OK", nil)
       return
     }
-    // Streams end only when the server ends them; closing lets evhttp free the connection with the reply.
-    request.addHeader("Connection", "close")
     guard let connection = request.connection else {
       request.respondError(status: 500, reason: "Internal Server Error", message: "no connection")
       return
     }
+    // Descriptors are handed out lowest first, so a connection whose descriptor lies within the reserve means the
+    // process is that close to its limit: refuse the stream, keep the rest for health checks and the upstream.
+    if let bufferevent = evhttp_connection_get_bufferevent(connection),
+      Int(bufferevent_getfd(bufferevent)) >= descriptorLimit - settings.descriptorReserve
+    {
+      reserveRefusals += 1
+      request.respondError(
+        status: 503, reason: "Service Unavailable", message: "too many open connections: retry later",
+        headers: [("Retry-After", String(Int.random(in: 2...10))), ("Connection", "close")])
+      return
+    }
+    // Streams end only when the server ends them; closing lets evhttp free the connection with the reply.
+    request.addHeader("Connection", "close")
     let sink = SSEConnection(request: request.raw, connection: connection, scratch: scratch)
     sink.begin()
     openStreams += 1

@@ -14,12 +14,20 @@ public struct ServerSettings: Sendable, Equatable {
   public var timeout: Double
   /// listen(2) backlog.
   public var backlog: Int
+  /// A connection must complete its first request within this many seconds (slowloris guard).
+  public var headerTimeout: Double
+  /// Descriptors kept free for health checks, metrics and the upstream: a new stream whose connection's
+  /// descriptor falls inside the reserve (above the soft limit minus this) is refused with 503.
+  public var descriptorReserve: Int
   public var cors: CORSPolicy
 
   public init(
     host: String = "127.0.0.1", port: Int = 8080, maxHeaderBytes: Int = 16 << 10, maxURLBytes: Int = 12 << 10,
-    maxBodyBytes: Int = 64 << 10, timeout: Double = 60, backlog: Int = 4096, cors: CORSPolicy = CORSPolicy()
+    maxBodyBytes: Int = 64 << 10, timeout: Double = 60, backlog: Int = 4096, headerTimeout: Double = 10,
+    descriptorReserve: Int = 64, cors: CORSPolicy = CORSPolicy()
   ) {
+    self.headerTimeout = headerTimeout
+    self.descriptorReserve = descriptorReserve
     self.host = host
     self.port = port
     self.maxHeaderBytes = maxHeaderBytes

@@ -1,7 +1,8 @@
 /// Prometheus text exposition of the relay's counters.
 public enum Metrics {
   public static func render(
-    _ stats: FeedStatistics, upstream: UpstreamStatistics? = nil, loopLag: (last: Double, max: Double)? = nil
+    _ stats: FeedStatistics, upstream: UpstreamStatistics? = nil, loopLag: (last: Double, max: Double)? = nil,
+    protection: SSEServer.ProtectionCounters? = nil
   ) -> String {
     var out = ""
     func metric(_ name: String, _ type: String, _ help: String, _ samples: [(labels: String, value: String)]) {
@@ -37,6 +38,21 @@ public enum Metrics {
     one(
       "pollcast_heartbeats_sent_total", "counter", "Heartbeat comments written to idle streams (spread over the interval).",
       stats.heartbeatsSent)
+    if let protection {
+      one(
+        "pollcast_accept_pauses_total", "counter", "Times accepting paused because the process ran out of descriptors.",
+        protection.accept.pauses)
+      one(
+        "pollcast_accept_shed_total", "counter",
+        "Waiting clients closed through the reserve descriptor while accepting was paused.", protection.accept.shed)
+      one(
+        "pollcast_header_timeouts_total", "counter",
+        "Connections closed for not completing a request within server.header_timeout_seconds.",
+        protection.accept.headerTimeouts)
+      one(
+        "pollcast_descriptor_reserve_refusals_total", "counter",
+        "Streams refused (503) because the descriptor limit was near.", protection.reserveRefusals)
+    }
     if let loopLag {
       metric(
         "pollcast_event_loop_lag_seconds", "gauge", "How late the event loop ran its last probe timer.",

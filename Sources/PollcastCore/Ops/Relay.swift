@@ -75,12 +75,14 @@ public final class Relay: Sendable {
       })
     await server.addRoute(
       "/metrics",
-      .init { [feed, worker, lagProbe] in
+      .init { [feed, worker, lagProbe, weak server] in
         let stats = feed.assumeIsolated { $0.statistics() }
         let upstream = worker?.assumeIsolated { $0.snapshot() }
+        let protection = server?.assumeIsolated { $0.protectionCounters }
         return (
           200, "text/plain; version=0.0.4; charset=utf-8",
-          Metrics.render(stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag))
+          Metrics.render(
+            stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag), protection: protection)
         )
       })
     let address: String

@@ -12,3 +12,10 @@ public func raiseDescriptorLimit() -> Int {
   }
   return Int(clamping: limit.rlim_cur)
 }
+
+/// The current soft limit on open files (-1 when it cannot be read).
+public func descriptorSoftLimit() -> Int {
+  var limit = rlimit()
+  guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return -1 }
+  return Int(clamping: limit.rlim_cur)
+}

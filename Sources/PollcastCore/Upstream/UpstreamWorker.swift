@@ -311,6 +311,7 @@ public actor UpstreamWorker {
       }
     }
     var wentBackwards = false
+    var rewound: [String: UInt64] = [:]
     var pending: [(stream: String, id: UInt64, event: FeedEvent)] = []
     var planned = cursors
     for batch in answer.batches {
@@ -322,21 +323,31 @@ public actor UpstreamWorker {
         continue
       }
       var recentIDs = recent[batch.stream] ?? RecentIDs()
-      for message in batch.messages.sorted(by: { $0.id < $1.id }) {
-        let cursor = planned[batch.stream] ?? 0
-        if message.id <= cursor {
-          if recentIDs.contains(message.id) || message.id == cursor {
-            statistics.duplicatesDropped += 1
-            continue
-          }
-          // Not a resend of anything relayed lately: the upstream's ids went backwards (a restored database, an
-          // id of 2^64-1 followed by ordinary ones). Follow the server rather than drop everything from now on.
-          wentBackwards = true
-          statistics.cursorRewinds += 1
-          logger.warning(
-            "upstream ids went backwards: following the server",
-            metadata: ["stream": batch.stream, "cursor": String(cursor), "upstream_id": String(message.id)])
-          publishResync(stream: batch.stream, from: cursor, to: message.id, reason: "ids_went_backwards")
+      let sorted = batch.messages.sorted(by: { $0.id < $1.id })
+      let cursor = planned[batch.stream] ?? 0
+      // Ids at or below the cursor beside newer ones are resends (the upstream repeating its last page). An
+      // answer with nothing newer, holding an id the relay did not relay lately, means the upstream's ids went
+      // backwards (a restored database, or an id of 2^64-1 followed by ordinary ones): follow the server rather
+      // than drop everything from now on.
+      let backwards =
+        !sorted.isEmpty && !sorted.contains { $0.id > cursor }
+        && sorted.contains { $0.id != cursor && !recentIDs.contains($0.id) }
+      if backwards, let last = sorted.last?.id {
+        wentBackwards = true
+        statistics.cursorRewinds += 1
+        logger.warning(
+          "upstream ids went backwards: following the server",
+          metadata: ["stream": batch.stream, "cursor": String(cursor), "upstream_last": String(last)])
+        publishResync(stream: batch.stream, from: cursor, to: last, reason: "ids_went_backwards")
+        rewound[batch.stream] = last
+      }
+      for message in sorted {
+        let isNew =
+          backwards
+          ? message.id != cursor && !recentIDs.contains(message.id) : message.id > planned[batch.stream] ?? 0
+        guard isNew else {
+          statistics.duplicatesDropped += 1
+          continue
         }
         if message.repaired {
           statistics.repairedMessages += 1
@@ -376,6 +387,7 @@ public actor UpstreamWorker {
       start += slice.count
     }
     for (stream, id) in skipped where id > cursors[stream] ?? 0 { cursors[stream] = id }
+    for (stream, id) in rewound { cursors[stream] = id }
     updateLiveness()
     return wentBackwards
   }

@@ -67,13 +67,15 @@ extension LegacyFixture {
       expireTokens()
       json(request, #"{"expired":true}"#)
     case (.post, "/_control/faults"): controlFaults(request)
+    case (.post, "/_control/poison"): controlPoison(request)
+    case (.post, "/_control/rewind"): controlRewind(request)
     case (.get, "/_control/stats"): json(request, statsJSON())
     case (.post, "/_control/reset-maxima"):
       resetMaxima()
       json(request, statsJSON())
     case (_, "/api/session"), (_, "/api/messages/last"), (_, "/api/messages/poll"), (_, "/api/feed"),
       (_, "/_control/messages"), (_, "/_control/link"), (_, "/_control/expire-tokens"), (_, "/_control/faults"),
-      (_, "/_control/stats"), (_, "/_control/reset-maxima"):
+      (_, "/_control/stats"), (_, "/_control/reset-maxima"), (_, "/_control/poison"), (_, "/_control/rewind"):
       request.respondError(status: 405, reason: "Method Not Allowed", message: "wrong method for \(path)")
     default:
       request.respondError(status: 404, reason: "Not Found", message: "no such path: \(path)")
@@ -81,8 +83,16 @@ extension LegacyFixture {
   }
 
   func json(_ request: HTTPRequest, _ body: String, status: Int32 = 200) {
+    guard body.contains(LegacyFixture.invalidUTF8Marker) else {
+      request.respond(
+        status: status, reason: status == 200 ? "OK" : "Error", contentType: "application/json", body: body)
+      return
+    }
+    let parts = body.components(separatedBy: LegacyFixture.invalidUTF8Marker)
+    var bytes = Array(parts[0].utf8)
+    for part in parts.dropFirst() { bytes += [0xC3, 0x28, 0xFF] + Array(part.utf8) }
     request.respond(
-      status: status, reason: status == 200 ? "OK" : "Error", contentType: "application/json", body: body)
+      status: status, reason: status == 200 ? "OK" : "Error", contentType: "application/json", bytes: bytes)
   }
 
   private func badRequest(_ request: HTTPRequest, _ message: String) {
@@ -369,6 +379,29 @@ extension LegacyFixture {
     }
     setLinkedUser(user)
     json(request, JSONText.object(["linked_user_id": JSONText.quoted(user)]))
+  }
+
+  /// `{"user_id":"101","kind":"invalid_utf8"|"deep"}`: appends one poison message.
+  private func controlPoison(_ request: HTTPRequest) {
+    guard let body = try? RawJSON.parse(request.bodyText), let user = body["user_id"]?.stringValue,
+      let kind = body["kind"]?.stringValue.flatMap(LegacyFixture.Poison.init(rawValue:))
+    else {
+      badRequest(request, "body must be {\"user_id\":\"101\",\"kind\":\"invalid_utf8\" or \"deep\"}")
+      return
+    }
+    json(request, "{\"ids\":[\(appendPoison(user: user, kind))]}")
+  }
+
+  /// `{"user_id":"101","last_id":5}`: forgets the user's messages above 5 (a restored database).
+  private func controlRewind(_ request: HTTPRequest) {
+    guard let body = try? RawJSON.parse(request.bodyText), let user = body["user_id"]?.stringValue,
+      let last = body["last_id"]?.unsignedID
+    else {
+      badRequest(request, "body must be {\"user_id\":\"101\",\"last_id\":5}")
+      return
+    }
+    rewind(user: user, to: last)
+    json(request, JSONText.object(["user_id": JSONText.quoted(user), "last_id": String(last)]))
   }
 
   private func controlFaults(_ request: HTTPRequest) {

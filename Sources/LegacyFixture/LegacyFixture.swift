@@ -125,6 +125,34 @@ public actor LegacyFixture {
     return ids
   }
 
+  /// A message that hostile or broken upstream data would produce, for the relay's hardening tests.
+  public enum Poison: String, Sendable, CaseIterable {
+    /// Its text holds bytes that are not UTF-8 (a truncated two-byte sequence and a 0xFF).
+    case invalidUTF8 = "invalid_utf8"
+    /// A member nested 300 arrays deep.
+    case deep
+  }
+
+  /// Appends one poison message for `user`; returns its id.
+  @discardableResult
+  public func appendPoison(user: String, _ poison: Poison) -> UInt64 {
+    let id = store.append(user: user) { id in
+      switch poison {
+      case .invalidUTF8: "{\"id\":\(id),\"text\":\"bad \(LegacyFixture.invalidUTF8Marker) bytes\"}"
+      case .deep:
+        "{\"id\":\(id),\"nested\":\(String(repeating: "[", count: 300))\(String(repeating: "]", count: 300))}"
+      }
+    }
+    wake(user: user)
+    return id
+  }
+
+  /// Stands for two bytes that are not UTF-8 (C3 28 FF) in a stored message; replaced when the answer is sent.
+  static let invalidUTF8Marker = "\u{1}INVALID-UTF8\u{1}"
+
+  /// Forgets `user`'s messages above `lastID` (a database restored from an older backup).
+  public func rewind(user: String, to lastID: UInt64) { store.rewind(user: user, to: lastID) }
+
   /// Attaches (or detaches, with nil) the linked account. Like a real API that re-scopes sessions on a link
   /// change, it revokes every token, so the client's next call gets 401 and starts a session that names the new
   /// linked account.

@@ -22,6 +22,21 @@ struct MessageStore {
     return id
   }
 
+  /// Appends a message whose JSON is made by `body(id)` (poison messages for the relay's tests).
+  mutating func append(user: String, body: (UInt64) -> String) -> UInt64 {
+    let id = lastID(user) + 1
+    messages[user, default: []].append(Message(id: id, json: body(id)))
+    return id
+  }
+
+  /// Forgets the messages of `user` above `lastID`, as a database restored from an older backup would: the next
+  /// message gets `lastID + 1` again.
+  mutating func rewind(user: String, to lastID: UInt64) {
+    guard var list = messages[user] else { return }
+    list.removeLast(max(0, list.count - Int(min(lastID, UInt64(list.count)))))
+    messages[user] = list
+  }
+
   /// Messages of `user` after `cursor`, at most `limit`.
   func after(_ cursor: UInt64, user: String, limit: Int) -> ArraySlice<Message> {
     guard let list = messages[user] else { return [] }

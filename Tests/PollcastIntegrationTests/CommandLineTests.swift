@@ -37,11 +37,11 @@ import Testing
   }
 
   @Test func aPortInUseIsAClearErrorNotACrash() async throws {
-    let harness = try await RelayHarness.start()
-    let result = try run(binary, ["--listen", "127.0.0.1:\(harness.port)", "--upstream-url", "http://127.0.0.1:9"])
-    #expect(result.code == 69)
-    #expect(result.stderr.contains("cannot listen on 127.0.0.1:\(harness.port)"))
-    await harness.stop()
+    try await RelayHarness.start().run { harness in
+      let result = try run(binary, ["--listen", "127.0.0.1:\(harness.port)", "--upstream-url", "http://127.0.0.1:9"])
+      #expect(result.code == 69)
+      #expect(result.stderr.contains("cannot listen on 127.0.0.1:\(harness.port)"))
+    }
   }
 
   @Test func demoPrintsTheAddressStreamsAndStopsCleanlyOnSIGTERM() async throws {

@@ -5,24 +5,25 @@ import Testing
 /// Connection age, graceful shutdown spreading, the page and the metrics endpoint.
 @Suite(.serialized) struct OperationsTests {
   @Test func streamsEndAtTheMaximumAgeAndTheClientResumesWithoutAGap() async throws {
-    let harness = try await RelayHarness.start(
-      feed: FeedSettings(heartbeatInterval: 5, maxConnectionAge: 0.5, maxConnectionAgeJitter: 0.2))
-    let started = MonotonicClock.seconds()
-    let client = try TestSSEClient(port: harness.port)
-    try await harness.waitForSubscribers { $0 == 1 }
-    let first = await harness.publish(2)
-    try client.waitForEOF(timeout: 5)
-    let age = MonotonicClock.seconds() - started
-    #expect(age >= 0.5 && age < 2, "ended after \(age) s")
-    #expect(client.endedCleanly)
-    #expect(client.bodyText.contains(": maximum connection age reached"))
-    #expect(client.messageIDs == first)
-    let missed = await harness.publish(2)
-    let again = try TestSSEClient(port: harness.port, headers: [("Last-Event-ID", String(first.last!))])
-    try again.waitForEvents(2)
-    #expect(again.messageIDs == missed)
-    #expect((await harness.statistics()).agedOut >= 1)
-    await harness.stop()
+    try await RelayHarness.start(
+      feed: FeedSettings(heartbeatInterval: 5, maxConnectionAge: 0.5, maxConnectionAgeJitter: 0.2)
+    ).run { harness in
+      let started = MonotonicClock.seconds()
+      let client = try TestSSEClient(port: harness.port)
+      try await harness.waitForSubscribers { $0 == 1 }
+      let first = await harness.publish(2)
+      try client.waitForEOF(timeout: 5)
+      let age = MonotonicClock.seconds() - started
+      #expect(age >= 0.5 && age < 2, "ended after \(age) s")
+      #expect(client.endedCleanly)
+      #expect(client.bodyText.contains(": maximum connection age reached"))
+      #expect(client.messageIDs == first)
+      let missed = await harness.publish(2)
+      let again = try TestSSEClient(port: harness.port, headers: [("Last-Event-ID", String(first.last!))])
+      try again.waitForEvents(2)
+      #expect(again.messageIDs == missed)
+      #expect((await harness.statistics()).agedOut >= 1)
+    }
   }
 
   @Test func shutdownSpreadsTheEndOfStreamsOverItsWindow() async throws {
@@ -52,22 +53,22 @@ import Testing
   }
 
   @Test func thePageMetricsAndHealthAreServed() async throws {
-    let harness = try await RelayHarness.start()
-    await harness.publish(3, stream: "101")
-    let page = try run("/usr/bin/curl", ["-s", "-i", "http://127.0.0.1:\(harness.port)/"])
-    #expect(page.stdout.contains("Content-Type: text/html; charset=utf-8"))
-    #expect(page.stdout.contains("new EventSource(\"/events\" + window.location.search)"))
-    #expect(!page.stdout.contains("src=\"http"))  // self-contained
-    let metrics = try run("/usr/bin/curl", ["-s", "http://127.0.0.1:\(harness.port)/metrics"]).stdout
-    for name in [
-      "pollcast_subscribers_connected 0", "pollcast_events_relayed_total{stream=\"101\"} 3",
-      "pollcast_resets_total{reason=\"too_old\"} 0", "pollcast_event_loop_lag_seconds",
-      "pollcast_slow_consumer_disconnects_total 0", "# TYPE pollcast_sent_bytes_total counter",
-    ] {
-      #expect(metrics.contains(name), "missing \(name)")
+    try await RelayHarness.start().run { harness in
+      await harness.publish(3, stream: "101")
+      let page = try run("/usr/bin/curl", ["-s", "-i", "http://127.0.0.1:\(harness.port)/"])
+      #expect(page.stdout.contains("Content-Type: text/html; charset=utf-8"))
+      #expect(page.stdout.contains("new EventSource(\"/events\" + window.location.search)"))
+      #expect(!page.stdout.contains("src=\"http"))  // self-contained
+      let metrics = try run("/usr/bin/curl", ["-s", "http://127.0.0.1:\(harness.port)/metrics"]).stdout
+      for name in [
+        "pollcast_subscribers_connected 0", "pollcast_events_relayed_total{stream=\"101\"} 3",
+        "pollcast_resets_total{reason=\"too_old\"} 0", "pollcast_event_loop_lag_seconds",
+        "pollcast_slow_consumer_disconnects_total 0", "# TYPE pollcast_sent_bytes_total counter",
+      ] {
+        #expect(metrics.contains(name), "missing \(name)")
+      }
+      let ready = try run("/usr/bin/curl", ["-s", "-w", " %{http_code}", "http://127.0.0.1:\(harness.port)/readyz"])
+      #expect(ready.stdout.hasSuffix(" 200"))
     }
-    let ready = try run("/usr/bin/curl", ["-s", "-w", " %{http_code}", "http://127.0.0.1:\(harness.port)/readyz"])
-    #expect(ready.stdout.hasSuffix(" 200"))
-    await harness.stop()
   }
 }

@@ -125,6 +125,18 @@ public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used 
     evhttp_send_reply(raw, status, reason, buffer)
   }
 
+  /// Sends a complete response whose body is raw bytes.
+  public func respond(
+    status: Int32, reason: String, contentType: String, bytes: [UInt8], headers: [(String, String)] = []
+  ) {
+    addHeader("Content-Type", contentType)
+    for (name, value) in headers { addHeader(name, value) }
+    let buffer = evbuffer_new()
+    defer { evbuffer_free(buffer) }
+    bytes.withUnsafeBytes { _ = evbuffer_add(buffer, $0.baseAddress, $0.count) }
+    evhttp_send_reply(raw, status, reason, buffer)
+  }
+
   /// A plain-text error with a reason a person can read.
   public func respondError(status: Int32, reason: String, message: String, headers: [(String, String)] = []) {
     respond(

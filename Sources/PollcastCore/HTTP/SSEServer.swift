@@ -95,6 +95,12 @@ public actor SSEServer {
   // MARK: Requests
 
   private func handle(_ request: HTTPRequest) {
+    if let connection = request.connection, ClosingConnections.isMarked(connection) {
+      request.respondError(
+        status: 400, reason: "Bad Request", message: "nothing is read after a CONNECT on this connection",
+        headers: [("Connection", "close")])
+      return
+    }
     if request.uriLength > settings.maxURLBytes {
       request.respondError(
         status: 414, reason: "URI Too Long", message: "request target longer than \(settings.maxURLBytes) bytes")
@@ -114,14 +120,18 @@ public actor SSEServer {
     let origin = request.header("Origin")
     let cors = settings.cors.responseHeaders(origin: origin)
     if request.method == .connect || request.method == .other {
-      // No route takes these. A CONNECT answer has no body by definition (evhttp sends no Content-Length for
-      // one), and an unknown method may carry a body evhttp did not read: answer and close, so nothing that
-      // follows on the connection is read as a request.
+      // No route takes these. An unknown method may carry a body evhttp did not read: answer and close, so nothing
+      // that follows on the connection is read as a request. evhttp never closes after a CONNECT (it expects a
+      // tunnel) and sends no Content-Length for one: the answer gets an explicit `Content-Length: 0`, and the
+      // connection is marked so that whatever is pipelined behind it is refused and the connection closed.
+      if request.method == .connect, let connection = request.connection { ClosingConnections.mark(connection) }
       request.respond(
         status: 405, reason: "Method Not Allowed",
         contentType: request.method == .connect ? nil : "text/plain; charset=utf-8",
         body: request.method == .connect ? "" : "method not allowed\n",
-        headers: cors + [("Allow", allowedMethods(path)), ("Connection", "close")])
+        headers: cors
+          + [("Allow", allowedMethods(path)), ("Connection", "close")]
+          + (request.method == .connect ? [("Content-Length", "0")] : []))
       return
     }
     if path == "/events" {

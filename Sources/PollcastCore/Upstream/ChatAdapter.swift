@@ -125,7 +125,8 @@ public final class ChatAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-
           messages.append(message)
         }
       }
-      answer.batches.append((stream, messages))
+      // Sorted here, off the loop for a large answer: the worker then only checks the order.
+      answer.batches.append((stream, messages.sorted { $0.id < $1.id }))
     }
     return answer
   }

@@ -100,7 +100,7 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
         messages.append(message)
       }
     }
-    answer.batches.append((settings.stream, messages))
+    answer.batches.append((settings.stream, messages.sorted { $0.id < $1.id }))
     return answer
   }
 }

@@ -312,8 +312,8 @@ public actor UpstreamWorker {
     }
     var wentBackwards = false
     var rewound: [String: UInt64] = [:]
-    var pending: [(stream: String, id: UInt64, event: FeedEvent)] = []
-    var planned = cursors
+    // Only the decisions are made in this turn (ids, no text): the envelopes are built slice by slice below.
+    var pending: [(stream: String, message: UpstreamMessage)] = []
     for batch in answer.batches {
       guard streams.contains(batch.stream) else {
         statistics.unknownStreams += 1
@@ -322,17 +322,14 @@ public actor UpstreamWorker {
           limiter: &logLimiter)
         continue
       }
-      var recentIDs = recent[batch.stream] ?? RecentIDs()
-      let sorted = batch.messages.sorted(by: { $0.id < $1.id })
-      let cursor = planned[batch.stream] ?? 0
-      // Ids at or below the cursor beside newer ones are resends (the upstream repeating its last page). An
-      // answer with nothing newer, holding an id the relay did not relay lately, means the upstream's ids went
-      // backwards (a restored database, or an id of 2^64-1 followed by ordinary ones): follow the server rather
-      // than drop everything from now on.
-      let backwards =
-        !sorted.isEmpty && !sorted.contains { $0.id > cursor }
-        && sorted.contains { $0.id != cursor && !recentIDs.contains($0.id) }
-      if backwards, let last = sorted.last?.id {
+      let recentIDs = recent[batch.stream] ?? RecentIDs()
+      // Adapters sort off the loop; an answer that arrives unsorted anyway is sorted here.
+      let sorted =
+        zip(batch.messages, batch.messages.dropFirst()).allSatisfy { $0.id <= $1.id }
+        ? batch.messages : batch.messages.sorted(by: { $0.id < $1.id })
+      let cursor = cursors[batch.stream] ?? 0
+      let decision = CursorDecision.decide(ids: sorted.map(\.id), cursor: cursor, recent: recentIDs)
+      if decision.backwards, let last = sorted.last?.id {
         wentBackwards = true
         statistics.cursorRewinds += 1
         logger.warning(
@@ -341,36 +338,8 @@ public actor UpstreamWorker {
         publishResync(stream: batch.stream, from: cursor, to: last, reason: "ids_went_backwards")
         rewound[batch.stream] = last
       }
-      for message in sorted {
-        let isNew =
-          backwards
-          ? message.id != cursor && !recentIDs.contains(message.id) : message.id > planned[batch.stream] ?? 0
-        guard isNew else {
-          statistics.duplicatesDropped += 1
-          continue
-        }
-        if message.repaired {
-          statistics.repairedMessages += 1
-          logger.limited(
-            .warning, "upstream message had invalid UTF-8: relayed with U+FFFD",
-            metadata: ["stream": batch.stream, "upstream_id": String(message.id)], limiter: &logLimiter)
-        }
-        let backlog = message.id <= backlogUntil[batch.stream] ?? 0
-        pending.append(
-          (
-            batch.stream, message.id,
-            FeedEvent(
-              stream: batch.stream,
-              data: JSONText.object([
-                "stream": JSONText.quoted(batch.stream), "upstream_id": JSONText.quoted(String(message.id)),
-                "backlog": backlog ? "true" : "false", "message": message.raw,
-              ]))
-          ))
-        planned[batch.stream] = message.id
-        recentIDs.insert(message.id)
-        if backlog { statistics.backlogMessages += 1 }
-      }
-      recent[batch.stream] = recentIDs
+      statistics.duplicatesDropped += sorted.count - decision.fresh.count
+      for index in decision.fresh { pending.append((batch.stream, sorted[index])) }
     }
     var start = 0
     while start < pending.count {
@@ -380,16 +349,37 @@ public actor UpstreamWorker {
         guard isCurrent(cycleGeneration) else { return wentBackwards }
       }
       let slice = pending[start..<min(pending.count, start + max(1, settings.publishSlice))]
-      publish(slice.map(\.event))
+      publish(slice.map { envelope($0.message, stream: $0.stream) })
       statistics.messagesRelayed += slice.count
       // Only now that the messages are in the feed do the cursors move.
-      for item in slice { cursors[item.stream] = item.id }
+      for (stream, message) in slice {
+        cursors[stream] = message.id
+        recent[stream, default: RecentIDs()].insert(message.id)
+      }
       start += slice.count
     }
     for (stream, id) in skipped where id > cursors[stream] ?? 0 { cursors[stream] = id }
     for (stream, id) in rewound { cursors[stream] = id }
     updateLiveness()
     return wentBackwards
+  }
+
+  /// The `message` event for one upstream message: its stream, id, backlog mark and the message verbatim.
+  private func envelope(_ message: UpstreamMessage, stream: String) -> FeedEvent {
+    if message.repaired {
+      statistics.repairedMessages += 1
+      logger.limited(
+        .warning, "upstream message had invalid UTF-8: relayed with U+FFFD",
+        metadata: ["stream": stream, "upstream_id": String(message.id)], limiter: &logLimiter)
+    }
+    let backlog = message.id <= backlogUntil[stream] ?? 0
+    if backlog { statistics.backlogMessages += 1 }
+    return FeedEvent(
+      stream: stream,
+      data: JSONText.object([
+        "stream": JSONText.quoted(stream), "upstream_id": JSONText.quoted(String(message.id)),
+        "backlog": backlog ? "true" : "false", "message": message.raw,
+      ]))
   }
 
   /// The feed shares this worker's loop: publishing is a plain call, no hop.
@@ -526,5 +516,33 @@ struct RecentIDs: Sendable {
       next = (next + 1) % RecentIDs.capacity
     }
     members.insert(id)
+  }
+}
+
+/// Which messages of one stream's answer are new, and whether the upstream's ids went backwards. A pure value,
+/// so the rule is tested (and fuzzed) without sockets.
+///
+/// - Ids above the cursor are new.
+/// - Ids at or below it, beside newer ones, are resends (an upstream repeating its last page): dropped.
+/// - An answer with nothing above the cursor that holds an id the relay did not relay lately means the ids went
+///   backwards (a restored database; an id of 2^64-1 followed by ordinary ones): every id not relayed lately is
+///   new, and the cursor follows the server to the answer's highest id.
+struct CursorDecision: Equatable {
+  var backwards: Bool
+  /// Positions (in the ascending ids given) of the messages to relay.
+  var fresh: [Int]
+
+  static func decide(ids: [UInt64], cursor: UInt64, recent: RecentIDs) -> CursorDecision {
+    let backwards =
+      !ids.isEmpty && !ids.contains { $0 > cursor } && ids.contains { $0 != cursor && !recent.contains($0) }
+    var fresh: [Int] = []
+    var last = backwards ? nil : Optional(cursor)
+    for (index, id) in ids.enumerated() {
+      if let previous = last, id <= previous { continue }  // at or below the cursor, or repeated in the answer
+      if backwards && (id == cursor || recent.contains(id)) { continue }
+      fresh.append(index)
+      last = id
+    }
+    return CursorDecision(backwards: backwards, fresh: fresh)
   }
 }

@@ -18,6 +18,17 @@ struct RelayHarness {
 
   func stop() async { await relay.shutdown(deadline: 2) }
 
+  /// Runs `body` and stops the relay on every path, a failing expectation or a thrown error included.
+  func run(_ body: (RelayHarness) async throws -> Void) async throws {
+    do {
+      try await body(self)
+    } catch {
+      await stop()
+      throw error
+    }
+    await stop()
+  }
+
   /// Publishes `count` messages on `stream` with payloads `"<prefix><n>"`; returns their ids.
   @discardableResult
   func publish(_ count: Int, stream: String = "101", prefix: String = "m") async -> [UInt64] {

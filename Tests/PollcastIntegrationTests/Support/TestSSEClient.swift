@@ -26,11 +26,21 @@ final class TestSSEClient {
     var description: String
   }
 
-  /// Connects and sends `GET path` (or another method) with extra headers.
-  init(
+  /// Connects and sends `GET path` (or another method) with extra headers. With `partial`, the blank line that
+  /// ends the head is not sent (a slowloris client).
+  convenience init(
     port: Int, path: String = "/events", method: String = "GET", headers extra: [(String, String)] = [],
-    host: String = "127.0.0.1"
+    host: String = "127.0.0.1", partial: Bool = false
   ) throws {
+    try self.init(rawPort: port, host: host)
+    var request = "\(method) \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nAccept: text/event-stream\r\n"
+    for (name, value) in extra { request += "\(name): \(value)\r\n" }
+    if !partial { request += "\r\n" }
+    try send(request)
+  }
+
+  /// Connects and sends nothing.
+  init(rawPort port: Int, host: String = "127.0.0.1") throws {
     fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
     guard fd >= 0 else { throw Failure(description: "socket: \(String(cString: strerror(errno)))") }
     var address = sockaddr_in()
@@ -47,16 +57,13 @@ final class TestSSEClient {
       close(fd)
       throw Failure(description: "connect: \(message)")
     }
-    var request = "\(method) \(path) HTTP/1.1\r\nHost: \(host):\(port)\r\nAccept: text/event-stream\r\n"
-    for (name, value) in extra { request += "\(name): \(value)\r\n" }
-    request += "\r\n"
-    try send(request)
   }
 
   deinit { if fd >= 0 { close(fd) } }
 
-  func send(_ text: String) throws {
-    let bytes = Array(text.utf8)
+  func send(_ text: String) throws { try sendBytes(Array(text.utf8)) }
+
+  func sendBytes(_ bytes: [UInt8]) throws {
     var offset = 0
     while offset < bytes.count {
       let sent = bytes[offset...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }

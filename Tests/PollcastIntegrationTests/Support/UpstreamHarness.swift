@@ -49,6 +49,17 @@ struct UpstreamHarness {
     await fixture.shutdown()
   }
 
+  /// Runs `body` and stops the relay and the fixture on every path, a thrown error included.
+  func run(_ body: (UpstreamHarness) async throws -> Void) async throws {
+    do {
+      try await body(self)
+    } catch {
+      await stop()
+      throw error
+    }
+    await stop()
+  }
+
   /// Waits until the worker reports `state`.
   func waitForState(_ state: UpstreamWorker.State, timeout: Double = 10) async throws {
     let deadline = MonotonicClock.seconds() + timeout
@@ -57,6 +68,17 @@ struct UpstreamHarness {
         throw TestSSEClient.Failure(description: "worker stuck in \(await worker.state), wanted \(state)")
       }
       try await Task.sleep(for: .milliseconds(10))
+    }
+  }
+
+  /// Waits until `count` subscribers are attached to the relay's feed.
+  func waitForSubscribers(_ count: Int, timeout: Double = 10) async throws {
+    let deadline = MonotonicClock.seconds() + timeout
+    while await relay.feed.subscriberCount != count {
+      guard MonotonicClock.seconds() < deadline else {
+        throw TestSSEClient.Failure(description: "subscriber count is not \(count)")
+      }
+      try await Task.sleep(for: .milliseconds(5))
     }
   }
 

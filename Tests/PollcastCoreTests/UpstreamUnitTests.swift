@@ -178,5 +178,11 @@ import Testing
       redactURL("http://h/api/messages/poll?token=abc&cursor=101:1&api_key=k")
         == "http://h/api/messages/poll?token=[redacted]&cursor=101:1&api_key=[redacted]")
     #expect(redactURL("http://h/x") == "http://h/x")
+    #expect(redactURL("https://user:pa55@legacy.example/api?x=1") == "https://[redacted]@legacy.example/api?x=1")
+    #expect(redactURL("http://only-user@h:8080/") == "http://[redacted]@h:8080/")
+    #expect(redactURL("http://h/p?q=a@b") == "http://h/p?q=a@b")
+    #expect(
+      redactURL("http://h/feed?after={cursor}&API_KEY=k&X-Signature=s&access_token=t#frag")
+        == "http://h/feed?after={cursor}&API_KEY=[redacted]&X-Signature=[redacted]&access_token=[redacted]#frag")
   }
 }

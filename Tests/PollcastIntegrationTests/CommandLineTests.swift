@@ -86,6 +86,19 @@ import Testing
     #expect(!result.stdout.contains("s3cr3t-key"))
     #expect(result.stdout.contains("[redacted]"))
   }
+
+  /// URL userinfo and a key in a generic URL template's query were printed as they were.
+  @Test func printConfigNeverShowsSecretsInURLs() throws {
+    let result = try run(
+      builtProduct("pollcast"),
+      [
+        "--print-config", "--upstream-url", "https://bob:hunter2@legacy.example/api", "--generic-url-template",
+        "https://legacy.example/feed?after={cursor}&api_key=k3y-in-template",
+      ])
+    #expect(result.code == 0)
+    for secret in ["hunter2", "bob:", "k3y-in-template"] { #expect(!result.stdout.contains(secret), "\(secret)") }
+    #expect(result.stdout.contains("after={cursor}"))
+  }
 }
 
 @Suite struct FixtureCommandTests {

@@ -328,6 +328,8 @@ extension Configuration {
   public var redacted: Configuration {
     var copy = self
     if !copy.upstream.apiKey.isEmpty { copy.upstream.apiKey = "[redacted]" }
+    copy.upstream.url = redactURL(copy.upstream.url)
+    copy.generic.urlTemplate = redactURL(copy.generic.urlTemplate)
     copy.generic.headers = copy.generic.headers.map { header in
       guard let colon = header.firstIndex(of: ":") else { return header }
       return String(header[...colon]) + " [redacted]"

@@ -86,7 +86,7 @@ public enum PollcastCommand {
         configuration.upstream.url = upstream.url
         configuration.upstream.apiKey = upstream.apiKey
         demo = upstream
-        logger.info("demo: embedded legacy fixture started", metadata: ["upstream.url": upstream.url])
+        logger.info("demo: embedded legacy fixture started", metadata: ["upstream.url": redactURL(upstream.url)])
       } catch {
         logger.error("demo: cannot start the embedded fixture", metadata: ["error": "\(error)"])
         return exitUnavailable

@@ -53,19 +53,30 @@ public struct LoggingInterceptor: UpstreamInterceptor {
   }
 }
 
-/// Query parameters whose values are secrets.
-let secretParameters: Set<String> = ["token", "access_token", "key", "api_key", "apikey", "secret", "password", "auth"]
+/// Fragments of query parameter names whose values are secrets (`api_key`, `access_token`, `X-Signature`, …).
+/// Matching by fragment errs on the side of hiding: a value shown by mistake cannot be taken back.
+let secretParameterFragments = ["token", "key", "secret", "password", "passwd", "pass", "auth", "sig", "session",
+  "credential"]
 
-/// `url` with the values of secret query parameters replaced by `[redacted]`.
+/// `url` with its userinfo (`user:password@`) and the values of secret query parameters replaced by `[redacted]`.
+/// Used wherever a URL is shown: logs, `--print-config`, error messages.
 public func redactURL(_ url: String) -> String {
-  guard let question = url.firstIndex(of: "?") else { return url }
-  let query = url[url.index(after: question)...]
+  var text = url
+  if let scheme = text.range(of: "://") {
+    let authorityEnd = text[scheme.upperBound...].firstIndex { "/?#".contains($0) } ?? text.endIndex
+    if let at = text[scheme.upperBound..<authorityEnd].lastIndex(of: "@") {
+      text.replaceSubrange(scheme.upperBound..<at, with: "[redacted]")
+    }
+  }
+  guard let question = text.firstIndex(of: "?") else { return text }
+  let queryEnd = text[question...].firstIndex(of: "#") ?? text.endIndex
+  let query = text[text.index(after: question)..<queryEnd]
   let redacted = query.split(separator: "&", omittingEmptySubsequences: false).map { pair -> String in
     guard let equals = pair.firstIndex(of: "=") else { return String(pair) }
     let name = pair[..<equals].lowercased()
-    return secretParameters.contains(name) ? "\(pair[..<equals])=[redacted]" : String(pair)
+    return secretParameterFragments.contains { name.contains($0) } ? "\(pair[..<equals])=[redacted]" : String(pair)
   }
-  return String(url[...question]) + redacted.joined(separator: "&")
+  return String(text[...question]) + redacted.joined(separator: "&") + String(text[queryEnd...])
 }
 
 /// Percent-encodes a query parameter value.

@@ -27,8 +27,13 @@ public final class CurlTransport: @unchecked Sendable {
     self.loop = loop
     self.multi = multi
     let context = Unmanaged.passUnretained(self).toOpaque()  // cleared in deinit via curl_multi_cleanup
-    pollcast_multi_setopt_socket(multi, curlSocketCallback, context)
-    pollcast_multi_setopt_timer(multi, curlTimerCallback, context)
+    do {
+      try CurlCall.check(pollcast_multi_setopt_socket(multi, curlSocketCallback, context), "CURLMOPT_SOCKETFUNCTION")
+      try CurlCall.check(pollcast_multi_setopt_timer(multi, curlTimerCallback, context), "CURLMOPT_TIMERFUNCTION")
+    } catch {
+      curl_multi_cleanup(multi)
+      throw error
+    }
     timer = LoopTimer(loop: loop) { [weak self] in self?.socketAction(pollcast_CURL_SOCKET_TIMEOUT, 0) }
   }
 
@@ -50,15 +55,14 @@ public final class CurlTransport: @unchecked Sendable {
       return id
     }
     let transfer = Transfer(id: id, easy: easy, completion: completion, maxBody: maxBodyBytes)
-    transfer.configure(request)
-    transfers[id] = transfer
-    let code = curl_multi_add_handle(multi, easy)
-    if code != CURLM_OK {
+    do throws(UpstreamError) {
+      try transfer.configure(request)
+      transfers[id] = transfer
+      try CurlCall.check(curl_multi_add_handle(multi, easy), "curl_multi_add_handle")
+    } catch {
       transfers[id] = nil
       transfer.cleanup()
-      completion(
-        .failure(
-          UpstreamError(.transport, "curl_multi_add_handle failed", cause: String(cString: curl_multi_strerror(code)))))
+      completion(.failure(error))
     }
     return id
   }
@@ -66,8 +70,18 @@ public final class CurlTransport: @unchecked Sendable {
   /// Cancels a transfer: its completion is never called.
   public func cancel(_ id: Int) {
     guard let transfer = transfers.removeValue(forKey: id) else { return }
-    curl_multi_remove_handle(multi, transfer.easy)
+    // Fails only for a handle that is not in this multi: a broken invariant, nothing to recover.
+    let removed = curl_multi_remove_handle(multi, transfer.easy)
+    assert(removed == CURLM_OK, "curl_multi_remove_handle: \(String(cString: curl_multi_strerror(removed)))")
     transfer.cleanup()
+  }
+
+  /// Ends every transfer with `error` (the loop cannot watch their sockets, or libcurl's multi failed): the
+  /// worker backs off and retries instead of waiting for a deadline.
+  private func failAll(_ error: UpstreamError) {
+    let failed = transfers
+    for id in failed.keys { cancel(id) }
+    for (_, transfer) in failed { transfer.completion(.failure(error)) }
   }
 
   /// Cancels every transfer.
@@ -122,9 +136,15 @@ public final class CurlTransport: @unchecked Sendable {
     if what == pollcast_CURL_POLL_IN || what == pollcast_CURL_POLL_INOUT { flags |= pollcast_EV_READ }
     if what == pollcast_CURL_POLL_OUT || what == pollcast_CURL_POLL_INOUT { flags |= pollcast_EV_WRITE }
     let context = Unmanaged.passUnretained(self).toOpaque()  // events are freed before self (deinit)
-    guard let event = event_new(loop.base, fd, flags, curlSocketEvent, context) else { return }
-    event_add(event, nil)
-    sockets[fd] = event
+    do {
+      let event = try LibeventCall.check(event_new(loop.base, fd, flags, curlSocketEvent, context), "event_new(curl)")
+      sockets[fd] = event
+      try LibeventCall.check(event_add(event, nil), "event_add(curl)")
+    } catch {
+      // Not from inside curl's callback: fail the transfers on the next turn.
+      let failure = UpstreamError(.transport, "cannot watch an upstream socket", cause: error.description)
+      loop.execute { [weak self] in self?.failAll(failure) }
+    }
   }
 
   fileprivate func scheduleTimer(milliseconds: Int) {
@@ -137,7 +157,12 @@ public final class CurlTransport: @unchecked Sendable {
 
   fileprivate func socketAction(_ fd: Int32, _ events: Int32) {
     var running: Int32 = 0
-    curl_multi_socket_action(multi, fd, events, &running)
+    do {
+      try CurlCall.check(curl_multi_socket_action(multi, fd, events, &running), "curl_multi_socket_action")
+    } catch {
+      failAll(error)
+      return
+    }
     collectCompleted()
   }
 
@@ -147,8 +172,9 @@ public final class CurlTransport: @unchecked Sendable {
       guard message.pointee.msg == CURLMSG_DONE, let easy = message.pointee.easy_handle else { continue }
       let result = pollcast_msg_result(message)
       var privatePointer: UnsafeMutableRawPointer?
-      pollcast_easy_getinfo_pointer(easy, CURLINFO_PRIVATE, &privatePointer)
-      let id = Int(bitPattern: privatePointer)
+      // Cannot fail for a handle of ours (CURLINFO_PRIVATE was set); without it the handle is dropped below.
+      let found = pollcast_easy_getinfo_pointer(easy, CURLINFO_PRIVATE, &privatePointer)
+      let id = found == CURLE_OK ? Int(bitPattern: privatePointer) : 0
       guard let transfer = transfers.removeValue(forKey: id) else {
         curl_multi_remove_handle(multi, easy)
         continue
@@ -184,36 +210,52 @@ private final class Transfer {
     self.maxBody = maxBody
   }
 
-  func configure(_ request: UpstreamRequest) {
+  func configure(_ request: UpstreamRequest) throws(UpstreamError) {
     timeout = request.timeout
-    pollcast_easy_setopt_string(easy, CURLOPT_URL, request.url)
-    pollcast_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1)
-    pollcast_easy_setopt_long(easy, CURLOPT_TIMEOUT_MS, max(1, Int(request.timeout * 1000)))
-    pollcast_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, max(1, Int(request.connectTimeout * 1000)))
-    pollcast_easy_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1)
-    pollcast_easy_setopt_long(easy, CURLOPT_SSL_VERIFYPEER, 1)
-    pollcast_easy_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 2)
-    pollcast_easy_setopt_string(easy, CURLOPT_ACCEPT_ENCODING, "")  // every encoding libcurl supports
-    pollcast_easy_setopt_string(easy, CURLOPT_USERAGENT, "pollcast/\(PollcastVersion.current)")
-    pollcast_easy_setopt_long(easy, CURLOPT_PROTOCOLS, Int(CURLPROTO_HTTP | CURLPROTO_HTTPS))
-    pollcast_easy_setopt_pointer(easy, CURLOPT_PRIVATE, UnsafeMutableRawPointer(bitPattern: id))
+    // A URL curl refuses (bad scheme, malformed) fails here with libcurl's reason, not later as a hang.
+    try CurlCall.check(pollcast_easy_setopt_string(easy, CURLOPT_URL, request.url), "CURLOPT_URL")
+    try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1), "CURLOPT_NOSIGNAL")
+    try CurlCall.check(
+      pollcast_easy_setopt_long(easy, CURLOPT_TIMEOUT_MS, max(1, Int(request.timeout * 1000))), "CURLOPT_TIMEOUT_MS")
+    try CurlCall.check(
+      pollcast_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, max(1, Int(request.connectTimeout * 1000))),
+      "CURLOPT_CONNECTTIMEOUT_MS")
+    try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1), "CURLOPT_TCP_KEEPALIVE")
+    try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_SSL_VERIFYPEER, 1), "CURLOPT_SSL_VERIFYPEER")
+    try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 2), "CURLOPT_SSL_VERIFYHOST")
+    // Every encoding libcurl supports.
+    try CurlCall.check(pollcast_easy_setopt_string(easy, CURLOPT_ACCEPT_ENCODING, ""), "CURLOPT_ACCEPT_ENCODING")
+    try CurlCall.check(
+      pollcast_easy_setopt_string(easy, CURLOPT_USERAGENT, "pollcast/\(PollcastVersion.current)"), "CURLOPT_USERAGENT")
+    try CurlCall.check(
+      pollcast_easy_setopt_long(easy, CURLOPT_PROTOCOLS, Int(CURLPROTO_HTTP | CURLPROTO_HTTPS)), "CURLOPT_PROTOCOLS")
+    try CurlCall.check(
+      pollcast_easy_setopt_pointer(easy, CURLOPT_PRIVATE, UnsafeMutableRawPointer(bitPattern: id)), "CURLOPT_PRIVATE")
     // Unretained: the transport keeps this Transfer alive until the handle is removed and cleaned up.
-    pollcast_easy_setopt_pointer(easy, CURLOPT_WRITEDATA, Unmanaged.passUnretained(self).toOpaque())
-    pollcast_easy_setopt_write(easy, transferWrite)
+    try CurlCall.check(
+      pollcast_easy_setopt_pointer(easy, CURLOPT_WRITEDATA, Unmanaged.passUnretained(self).toOpaque()),
+      "CURLOPT_WRITEDATA")
+    try CurlCall.check(pollcast_easy_setopt_write(easy, transferWrite), "CURLOPT_WRITEFUNCTION")
     for (name, value) in request.headers {
-      headerList = curl_slist_append(headerList, "\(name): \(value)")
+      guard let appended = curl_slist_append(headerList, "\(name): \(value)") else {
+        throw UpstreamError(.transport, "curl_slist_append failed")
+      }
+      headerList = appended
     }
     if let body = request.body {
       requestBody = body.map { CChar(bitPattern: $0) }
-      pollcast_easy_setopt_long(easy, CURLOPT_POSTFIELDSIZE, body.count)
-      requestBody.withUnsafeMutableBufferPointer { buffer in
-        _ = pollcast_easy_setopt_pointer(easy, CURLOPT_COPYPOSTFIELDS, buffer.baseAddress)
+      try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_POSTFIELDSIZE, body.count), "CURLOPT_POSTFIELDSIZE")
+      let code = requestBody.withUnsafeMutableBufferPointer { buffer in
+        pollcast_easy_setopt_pointer(easy, CURLOPT_COPYPOSTFIELDS, buffer.baseAddress)
       }
+      try CurlCall.check(code, "CURLOPT_COPYPOSTFIELDS")
     }
     if request.method != "GET" && !(request.method == "POST" && request.body != nil) {
-      pollcast_easy_setopt_string(easy, CURLOPT_CUSTOMREQUEST, request.method)
+      try CurlCall.check(pollcast_easy_setopt_string(easy, CURLOPT_CUSTOMREQUEST, request.method), "CURLOPT_CUSTOMREQUEST")
     }
-    if headerList != nil { pollcast_easy_setopt_slist(easy, CURLOPT_HTTPHEADER, headerList) }
+    if headerList != nil {
+      try CurlCall.check(pollcast_easy_setopt_slist(easy, CURLOPT_HTTPHEADER, headerList), "CURLOPT_HTTPHEADER")
+    }
   }
 
   func append(_ bytes: UnsafeRawBufferPointer) -> Bool {
@@ -238,7 +280,11 @@ private final class Transfer {
       return .failure(UpstreamError(.transport, "request failed", cause: cause))
     }
     var status = 0
-    pollcast_easy_getinfo_long(easy, CURLINFO_RESPONSE_CODE, &status)
+    do throws(UpstreamError) {
+      try CurlCall.check(pollcast_easy_getinfo_long(easy, CURLINFO_RESPONSE_CODE, &status), "CURLINFO_RESPONSE_CODE")
+    } catch {
+      return .failure(error)
+    }
     return .success(UpstreamResponse(status: status, body: body, duration: duration))
   }
 

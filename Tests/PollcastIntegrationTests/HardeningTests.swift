@@ -298,3 +298,95 @@ func rawExchange(port: Int, _ request: String, timeout: Double = 5) throws -> Ra
   }
   return RawAnswer(text: text, statuses: statuses, closed: closed)
 }
+
+/// The relay as its own process under a low descriptor limit (`ulimit -n`), so the limit is really reached.
+@Suite(.serialized, .timeLimit(.minutes(3))) struct DescriptorLimitTests {
+  @Test func atTheDescriptorLimitTheRelayRefusesStreamsPausesAcceptingLogsOnceAndRecovers() async throws {
+    let errorLog = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-fdlimit-\(getpid()).log")
+    FileManager.default.createFile(atPath: errorLog.path, contents: nil)
+    defer { try? FileManager.default.removeItem(at: errorLog) }
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/bin/sh")
+    // The hard limit too, so the relay cannot raise itself out of it.
+    process.arguments = [
+      "-c",
+      "ulimit -n 128 && exec \"$0\" --demo --listen 127.0.0.1:0 --server-descriptor-reserve 24 "
+        + "--server-header-timeout-seconds 120 --sse-heartbeat-seconds 5",
+      builtProduct("pollcast"),
+    ]
+    let out = Pipe()
+    process.standardOutput = out
+    process.standardError = try FileHandle(forWritingTo: errorLog)
+    try process.run()
+    defer { if process.isRunning { process.terminate() } }
+    var firstLine = ""
+    let deadline = Date().addingTimeInterval(15)
+    while !firstLine.contains("\n") && Date() < deadline {
+      firstLine += String(decoding: out.fileHandleForReading.availableData, as: UTF8.self)
+    }
+    let port = try #require(Int(firstLine.split(separator: "\n").first?.split(separator: ":").last ?? ""))
+
+    // 1. Streams are refused with 503 and Retry-After once the descriptor reserve is reached, and /healthz still
+    //    answers from within the reserve.
+    var streams: [TestSSEClient] = []
+    var refused: TestSSEClient?
+    for _ in 0..<140 {
+      let client = try TestSSEClient(port: port)
+      try client.waitForHead(timeout: 5)
+      if client.status == 503 {
+        refused = client
+        break
+      }
+      streams.append(client)
+    }
+    let refusal = try #require(refused, "no stream was refused below the limit")
+    #expect(refusal.headers["retry-after"].flatMap { Int($0) } != nil)
+    #expect(streams.count > 60)
+    let health = try rawExchange(port: port, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    #expect(health.statuses == [200])
+
+    // 2. Idle connections past the limit: accepting pauses instead of spinning a core on EMFILE.
+    var idle: [TestSSEClient] = []
+    for _ in 0..<120 { idle.append(try TestSSEClient(rawPort: port)) }
+    let cpuBefore = processCPUSeconds(process.processIdentifier)
+    try await Task.sleep(for: .seconds(2))
+    let cpuUsed = processCPUSeconds(process.processIdentifier) - cpuBefore
+    #expect(cpuUsed < 0.4, "the relay used \(cpuUsed) s of CPU in 2 s at the descriptor limit")
+
+    // 3. Clients leave: the relay accepts again by itself and serves a new stream.
+    idle.removeAll()
+    streams.removeAll()
+    let recovered = MonotonicClock.seconds() + 20
+    var served = false
+    while !served && MonotonicClock.seconds() < recovered {
+      if let client = try? TestSSEClient(port: port), (try? client.waitForHead(timeout: 2)) != nil,
+        client.status == 200
+      {
+        served = true
+      } else {
+        try await Task.sleep(for: .milliseconds(200))
+      }
+    }
+    #expect(served, "no stream was served after the clients left")
+    try await Task.sleep(for: .seconds(1.5))
+    kill(process.processIdentifier, SIGTERM)
+    process.waitUntilExit()
+    let log = (try? String(contentsOf: errorLog, encoding: .utf8)) ?? ""
+    let paused = log.components(separatedBy: "out of file descriptors: accepting paused").count - 1
+    #expect(paused >= 1 && paused <= 3, "logged the pause \(paused) times")
+    #expect(!log.contains("Error from accept() call"))
+    #expect(log.contains("accepting again after running out of file descriptors"))
+    #expect(log.split(separator: "\n").count < 200, "the log grew to \(log.split(separator: "\n").count) lines")
+  }
+}
+
+/// User plus system CPU seconds of a process, from /proc/PID/stat.
+func processCPUSeconds(_ pid: Int32) -> Double {
+  guard let text = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+    let close = text.lastIndex(of: ")")
+  else { return 0 }
+  let fields = text[text.index(after: close)...].split(separator: " ")
+  // After the command: state is field 3; utime and stime are fields 14 and 15 (1-based over the whole line).
+  guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+  return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+}

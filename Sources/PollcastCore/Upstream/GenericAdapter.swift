@@ -50,9 +50,7 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
   public func poll(
     _ client: UpstreamClient, cursors: [String: UInt64], isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
-    let cursor = cursors[settings.stream] ?? 0
-    let url = settings.urlTemplate.replacingOccurrences(of: "{cursor}", with: String(cursor))
-      .replacingOccurrences(of: "{next}", with: String(cursor &+ 1))
+    let url = GenericAdapter.url(template: settings.urlTemplate, cursor: cursors[settings.stream] ?? 0)
     let headers = settings.headers.compactMap { line -> (String, String)? in
       guard let colon = line.firstIndex(of: ":") else { return nil }
       return (
@@ -73,6 +71,14 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
     return try await response.decode("poll") { json, text throws(UpstreamError) in
       try GenericAdapter.parse(json, settings: settings, text: text)
     }
+  }
+
+  /// The poll URL: `{cursor}` is the last id seen, `{next}` the one after it (2^64-1 has none: `{next}` stays at
+  /// 2^64-1 rather than wrapping to 0, which would ask for everything again).
+  static func url(template: String, cursor: UInt64) -> String {
+    let next = cursor == .max ? cursor : cursor + 1
+    return template.replacingOccurrences(of: "{cursor}", with: String(cursor))
+      .replacingOccurrences(of: "{next}", with: String(next))
   }
 
   static func parse(_ json: RawJSON, settings: Settings, text: RepairedText? = nil) throws(UpstreamError)

@@ -1,0 +1,141 @@
+// libFuzzer entry point for Pollcast's parsers. Compiled together with PollcastCore's sources into one module by
+// scripts/fuzz.sh (swiftc -sanitize=fuzzer,address), so internal types are reachable. The target is chosen by
+// POLLCAST_FUZZ_TARGET; each checks properties, not only "no crash".
+import Foundation
+
+private let target = ProcessInfo.processInfo.environment["POLLCAST_FUZZ_TARGET"] ?? "rawjson"
+
+@_cdecl("LLVMFuzzerTestOneInput")
+public func pollcastFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
+  let bytes = Array(UnsafeBufferPointer(start: data, count: size))
+  switch target {
+  case "rawjson": FuzzChecks.rawJSON(bytes)
+  case "sse": FuzzChecks.sseRoundTrip(bytes)
+  case "resume": FuzzChecks.resume(bytes)
+  case "query": FuzzChecks.query(bytes)
+  case "pointer": FuzzChecks.pointer(bytes)
+  case "template": FuzzChecks.template(bytes)
+  case "config": FuzzChecks.configuration(bytes)
+  case "cursor": FuzzChecks.cursorDecision(bytes)
+  default: fatalError("unknown POLLCAST_FUZZ_TARGET \(target)")
+  }
+  return 0
+}
+
+enum FuzzChecks {
+  /// The parser never crashes; what it accepts keeps its exact bytes, and the adapters take it without trapping.
+  static func rawJSON(_ bytes: [UInt8]) {
+    let text = RepairedText(bytes)
+    guard let json = try? RawJSON.parse(text.text) else { return }
+    let trimmed = text.text.trimmingCharacters(in: CharacterSet(charactersIn: " \t\r\n"))
+    precondition(json.rawText == trimmed, "root value lost bytes")
+    _ = try? ChatAdapter.parsePoll(json, text: text)
+    _ = try? GenericAdapter.parse(
+      json, settings: .init(urlTemplate: "http://x/{cursor}", eventsPointer: "/data/items", idPointer: "/seq"),
+      text: text)
+  }
+
+  /// Any data survives encoding and parsing, with line breaks normalised to LF; parsing raw bytes gives the same
+  /// events however they are split into reads.
+  static func sseRoundTrip(_ bytes: [UInt8]) {
+    let data = String(decoding: bytes, as: UTF8.self)
+    var parser = SSEParser()
+    let events = parser.feed(SSEEncoder.event(id: 42, type: "message", data: data))
+    precondition(events.count == 1, "one event in, \(events.count) out")
+    let normalised = data.replacingOccurrences(of: "\r\n", with: "\n").replacingOccurrences(of: "\r", with: "\n")
+    precondition(events[0].data == normalised, "data changed in the round trip")
+    precondition(events[0].lastEventID == "42")
+    var whole = SSEParser()
+    let all = whole.feed(bytes)
+    var pieces = SSEParser()
+    var split: [SSEParser.Event] = []
+    var index = 0
+    var step = 1
+    while index < bytes.count {
+      let end = min(bytes.count, index + step)
+      split += pieces.feed(bytes[index..<end])
+      index = end
+      step = step % 7 + 1
+    }
+    precondition(all == split, "events depend on how the bytes were split")
+  }
+
+  /// A strict u64: what parses prints back as the same digits (no sign, no spaces, no overflow).
+  static func resume(_ bytes: [UInt8]) {
+    let text = String(decoding: bytes, as: UTF8.self)
+    if let id = ResumeDecision.parseEventID(text) {
+      precondition(text.utf8.allSatisfy { $0 >= 0x30 && $0 <= 0x39 } && UInt64(text) == id, "accepted \(text)")
+    } else {
+      // Refused: not digits only (Swift's own parser takes "+5" and "-0"), more than 20 of them, or too large.
+      precondition(UInt64(text) == nil || "+-".contains(text.first ?? " ") || text.utf8.count > 20, "refused \(text)")
+    }
+    let floor = UInt64(bytes.count)
+    let head = floor &* 3
+    switch ResumeDecision.decide(requested: text, floorID: floor, headID: head) {
+    case .replay(let after): precondition(after >= floor && after <= head)
+    case .live: precondition(text.isEmpty)
+    case .reset: break
+    }
+  }
+
+  /// Parsing never fails; percent-encoding what came out and parsing again gives the same pairs.
+  static func query(_ bytes: [UInt8]) {
+    let text = String(decoding: bytes, as: UTF8.self)
+    let items = QueryString.parse(text)
+    let again = items.map { "\(encodeQueryValue($0.name))=\(encodeQueryValue($0.value))" }.joined(separator: "&")
+    let reparsed = QueryString.parse(again)
+    precondition(reparsed.count == items.count, "pair count changed")
+    for (a, b) in zip(items, reparsed) { precondition(a.name == b.name && a.value == b.value, "pair changed") }
+  }
+
+  /// The bytes up to the first NUL are a document, the rest a pointer: resolving never traps.
+  static func pointer(_ bytes: [UInt8]) {
+    let split = bytes.firstIndex(of: 0) ?? bytes.count
+    guard let json = try? RawJSON.parse(String(decoding: bytes[..<split], as: UTF8.self)) else { return }
+    let pointer = String(decoding: bytes[min(bytes.count, split + 1)...], as: UTF8.self)
+    if let found = json.resolve(pointer: pointer) { _ = found.rawText }
+    precondition(json.resolve(pointer: "")?.rawText == json.rawText)
+  }
+
+  /// Placeholders are always replaced; the cursor is the first 8 bytes.
+  static func template(_ bytes: [UInt8]) {
+    var cursor: UInt64 = 0
+    for byte in bytes.prefix(8) { cursor = cursor << 8 | UInt64(byte) }
+    let template = String(decoding: bytes.dropFirst(8), as: UTF8.self)
+    let url = GenericAdapter.url(template: template, cursor: cursor)
+    if !template.contains("{") { precondition(url == template) }
+    if template == "{next}" { precondition(url == String(cursor == .max ? cursor : cursor + 1)) }
+  }
+
+  /// Any file text gives a configuration or a list of problems, never a crash.
+  static func configuration(_ bytes: [UInt8]) {
+    let text = String(decoding: bytes, as: UTF8.self)
+    do {
+      let configuration = try ConfigurationLoader().load(
+        fileText: text, fileName: "fuzz.json", environment: [:], overrides: [])
+      _ = configuration.problems()
+      _ = configuration.redacted
+    } catch {
+      precondition(!error.problems.isEmpty, "an error without a problem")
+    }
+  }
+
+  /// What is relayed is strictly increasing; without a rewind it is all above the cursor.
+  static func cursorDecision(_ bytes: [UInt8]) {
+    var words: [UInt64] = []
+    var index = 0
+    while index + 2 <= bytes.count {
+      words.append(UInt64(bytes[index]) << 8 | UInt64(bytes[index + 1]))
+      index += 2
+    }
+    guard let cursor = words.first else { return }
+    var recent = RecentIDs()
+    for id in words.dropFirst().prefix(4) { recent.insert(id) }
+    let ids = Array(words.dropFirst(5)).sorted()
+    let decision = CursorDecision.decide(ids: ids, cursor: cursor, recent: recent)
+    let fresh = decision.fresh.map { ids[$0] }
+    precondition(zip(fresh, fresh.dropFirst()).allSatisfy { $0 < $1 }, "relayed ids not increasing")
+    if !decision.backwards { precondition(fresh.allSatisfy { $0 > cursor }, "relayed an id at or below the cursor") }
+    if decision.backwards { precondition(!ids.contains { $0 > cursor }) }
+  }
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harness (Fuzz/FuzzTargets.swift compiled with PollcastCore's sources, ASan on) and runs
+# every target for SECONDS each (default 60) from its committed seed corpus in Fuzz/corpus/TARGET.
+# A crash leaves its input in .build/fuzz/crashes/TARGET and fails the script; add it to the seed corpus and to a
+# regression test once fixed.
+#   scripts/fuzz.sh [seconds] [target ...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-60}"
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(rawjson sse resume query pointer template config cursor)
+out=.build/fuzz
+mkdir -p "$out"
+binary="$out/pollcast-fuzz"
+sources=$(find Sources/PollcastCore -name '*.swift' | sort)
+newest=$(ls -t $sources Fuzz/FuzzTargets.swift | head -1)
+if [ ! -x "$binary" ] || [ "$newest" -nt "$binary" ]; then
+  echo "building $binary"
+  # shellcheck disable=SC2086
+  swiftc -sanitize=fuzzer,address -parse-as-library -swift-version 6 -module-name PollcastCore -O -g \
+    -I Sources/CLibevent -I Sources/CCurl $sources Fuzz/FuzzTargets.swift \
+    -levent -levent_pthreads -lcurl -o "$binary"
+fi
+failed=0
+for target in "${targets[@]}"; do
+  corpus="$out/corpus/$target"
+  crashes="$out/crashes/$target"
+  mkdir -p "$corpus" "$crashes"
+  # The committed seeds are read, never written: new inputs go to the working corpus.
+  log="$out/$target.log"
+  if POLLCAST_FUZZ_TARGET="$target" ASAN_OPTIONS=detect_leaks=0 "$binary" -max_total_time="$seconds" \
+    -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$crashes/" "$corpus" "Fuzz/corpus/$target" \
+    >"$log" 2>&1; then
+    echo "fuzz $target: $(grep -o 'stat::number_executed_runs: [0-9]*' "$log" | tail -1 || true)$(tail -1 "$log" | sed 's/^/ — /')"
+  else
+    echo "fuzz $target: FAILED — see $log; inputs in $crashes"
+    tail -40 "$log"
+    failed=1
+  fi
+done
+exit $failed

@@ -16,6 +16,7 @@ public enum FixtureCommand {
       --user-id ID            the primary account (default 101)
       --linked-user-id ID     the linked account at start, or none (default 202)
       --chatter SECONDS       append a demo message every SECONDS (default: off)
+      --page-size N           messages per poll answer at most (default: 100)
       -h, --help, --version
     """
 
@@ -67,6 +68,11 @@ public enum FixtureCommand {
       case "--linked-user-id":
         guard let user = next(), !user.isEmpty else { return fail("--linked-user-id needs a value") }
         options.linkedUserID = user == "none" ? nil : user
+      case "--page-size":
+        guard let text = next(), let size = Int(text), size > 0 else {
+          return fail("--page-size needs a number of messages above 0")
+        }
+        options.pageSize = size
       case "--chatter":
         guard let text = next(), let seconds = Double(text), seconds > 0 else {
           return fail("--chatter needs a number of seconds above 0")

@@ -109,7 +109,8 @@ import Testing
   }
 
   @Test func invalidUTF8IsRepairedAndTheRepairedMessagesAreKnown() throws {
-    let body = Array(#"{"101":[{"id":1,"text":"ok"},{"id":2,"text":"bad "#.utf8) + [0xC3, 0x28, 0xFF]
+    let body =
+      Array(#"{"101":[{"id":1,"text":"ok"},{"id":2,"text":"bad "#.utf8) + [0xC3, 0x28, 0xFF]
       + Array(#""},{"id":3,"text":"é"}]}"#.utf8)
     let text = RepairedText(body)
     #expect(text.repairs.count == 2)

@@ -36,7 +36,8 @@ public enum Metrics {
     one(
       "pollcast_connections_aged_out_total", "counter", "Streams ended by the maximum connection age.", stats.agedOut)
     one(
-      "pollcast_heartbeats_sent_total", "counter", "Heartbeat comments written to idle streams (spread over the interval).",
+      "pollcast_heartbeats_sent_total", "counter",
+      "Heartbeat comments written to idle streams (spread over the interval).",
       stats.heartbeatsSent)
     if let protection {
       one(

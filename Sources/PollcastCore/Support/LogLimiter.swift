@@ -9,8 +9,7 @@ public struct LogLimiter: Sendable {
 
   /// Whether a line of `kind` may be written now; when it may, `suppressed` is how many were held back since the
   /// last one written.
-  public mutating func admit(_ kind: String, now: Double = MonotonicClock.seconds()) -> (write: Bool, suppressed: Int)
-  {
+  public mutating func admit(_ kind: String, now: Double = MonotonicClock.seconds()) -> (write: Bool, suppressed: Int) {
     if let window = windows[kind], now - window.opened < interval {
       windows[kind] = (window.opened, window.suppressed + 1)
       return (false, 0)

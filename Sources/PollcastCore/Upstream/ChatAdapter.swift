@@ -121,7 +121,8 @@ public final class ChatAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-
       }
       var messages: [UpstreamMessage] = []
       for element in elements {
-        if let message = UpstreamMessage.checked(element, id: element["id"], stream: stream, text: text, into: &answer) {
+        if let message = UpstreamMessage.checked(element, id: element["id"], stream: stream, text: text, into: &answer)
+        {
           messages.append(message)
         }
       }

@@ -251,7 +251,8 @@ private final class Transfer {
       try CurlCall.check(code, "CURLOPT_COPYPOSTFIELDS")
     }
     if request.method != "GET" && !(request.method == "POST" && request.body != nil) {
-      try CurlCall.check(pollcast_easy_setopt_string(easy, CURLOPT_CUSTOMREQUEST, request.method), "CURLOPT_CUSTOMREQUEST")
+      try CurlCall.check(
+        pollcast_easy_setopt_string(easy, CURLOPT_CUSTOMREQUEST, request.method), "CURLOPT_CUSTOMREQUEST")
     }
     if headerList != nil {
       try CurlCall.check(pollcast_easy_setopt_slist(easy, CURLOPT_HTTPHEADER, headerList), "CURLOPT_HTTPHEADER")

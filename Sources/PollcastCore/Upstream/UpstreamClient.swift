@@ -55,8 +55,10 @@ public struct LoggingInterceptor: UpstreamInterceptor {
 
 /// Fragments of query parameter names whose values are secrets (`api_key`, `access_token`, `X-Signature`, …).
 /// Matching by fragment errs on the side of hiding: a value shown by mistake cannot be taken back.
-let secretParameterFragments = ["token", "key", "secret", "password", "passwd", "pass", "auth", "sig", "session",
-  "credential"]
+let secretParameterFragments = [
+  "token", "key", "secret", "password", "passwd", "pass", "auth", "sig", "session",
+  "credential",
+]
 
 /// `url` with its userinfo (`user:password@`) and the values of secret query parameters replaced by `[redacted]`.
 /// Used wherever a URL is shown: logs, `--print-config`, error messages.

@@ -113,3 +113,7 @@ func residentBytes() -> Int {
   let fields = text.split(separator: " ")
   return (Int(fields[1]) ?? 0) * Int(sysconf(Int32(_SC_PAGESIZE)))
 }
+
+/// How much slower than a plain debug build this run is allowed to be: `.ci/run` sets POLLCAST_TEST_TIMING_FACTOR
+/// for the sanitizer passes (ASan and TSan slow the relay several times). Scales timing bounds only, never counts.
+let timingFactor = Double(ProcessInfo.processInfo.environment["POLLCAST_TEST_TIMING_FACTOR"] ?? "") ?? 1

@@ -386,7 +386,7 @@ extension LegacyFixture {
     guard let body = try? RawJSON.parse(request.bodyText), let user = body["user_id"]?.stringValue,
       let kind = body["kind"]?.stringValue.flatMap(LegacyFixture.Poison.init(rawValue:))
     else {
-      badRequest(request, "body must be {\"user_id\":\"101\",\"kind\":\"invalid_utf8\" or \"deep\"}")
+      badRequest(request, "body must be {\"user_id\":\"101\",\"kind\":\"invalid_utf8\", \"deep\" or \"no_id\"}")
       return
     }
     json(request, "{\"ids\":[\(appendPoison(user: user, kind))]}")

@@ -131,20 +131,26 @@ public actor LegacyFixture {
     case invalidUTF8 = "invalid_utf8"
     /// A member nested 300 arrays deep.
     case deep
+    /// No "id" member at all.
+    case noID = "no_id"
   }
 
-  /// Appends one poison message for `user`; returns its id.
+  /// Appends `count` poison messages for `user`; returns the last one's id.
   @discardableResult
-  public func appendPoison(user: String, _ poison: Poison) -> UInt64 {
-    let id = store.append(user: user) { id in
-      switch poison {
-      case .invalidUTF8: "{\"id\":\(id),\"text\":\"bad \(LegacyFixture.invalidUTF8Marker) bytes\"}"
-      case .deep:
-        "{\"id\":\(id),\"nested\":\(String(repeating: "[", count: 300))\(String(repeating: "]", count: 300))}"
+  public func appendPoison(user: String, _ poison: Poison, count: Int = 1) -> UInt64 {
+    var last: UInt64 = 0
+    for _ in 0..<max(1, count) {
+      last = store.append(user: user) { id in
+        switch poison {
+        case .invalidUTF8: "{\"id\":\(id),\"text\":\"bad \(LegacyFixture.invalidUTF8Marker) bytes\"}"
+        case .noID: "{\"text\":\"message \(id) has no id\"}"
+        case .deep:
+          "{\"id\":\(id),\"nested\":\(String(repeating: "[", count: 300))\(String(repeating: "]", count: 300))}"
+        }
       }
     }
     wake(user: user)
-    return id
+    return last
   }
 
   /// Stands for two bytes that are not UTF-8 (C3 28 FF) in a stored message; replaced when the answer is sent.

@@ -390,3 +390,50 @@ func processCPUSeconds(_ pid: Int32) -> Double {
   guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
   return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
 }
+
+/// 100,000 messages without an id in one answer wrote 100,000 error lines.
+@Suite(.serialized, .timeLimit(.minutes(2))) struct LogFloodTests {
+  @Test func tenThousandMessagesWithoutAnIdLogAFewLinesAndTheStreamGoesOn() async throws {
+    let lines = Mutex<[String]>([])
+    let logger = Logger(label: "test", level: .warning) { line in lines.withLock { $0.append(line) } }
+    var options = LegacyFixture.Options()
+    options.pageSize = 20_000
+    try await UpstreamHarness.start(fixture: options, logger: logger).run { harness in
+      try await harness.waitForState(.live)
+      let client = try TestSSEClient(port: harness.port)
+      try client.waitForHead()
+      try await harness.waitForParkedPoll()
+      await harness.fixture.append(user: "101", texts: ["before"])
+      try client.waitUntil(timeout: 10, "the first message") { $0.relayedMessages.count == 1 }
+      await harness.fixture.appendPoison(user: "101", .noID, count: 10_000)
+      await harness.fixture.append(user: "101", texts: ["after"])
+      try client.waitUntil(timeout: 20, "the message after them") { $0.relayedMessages.last?.text == "after" }
+      let worker = await harness.worker.snapshot()
+      // Counted each time the upstream sends them (the first answer may hold them alone, and be sent again).
+      #expect(worker.rejectedMessages >= 10_000 && worker.rejectedMessages % 10_000 == 0)
+      let rejectedLines = lines.withLock { $0.filter { $0.contains("cannot be relayed: skipped") } }
+      #expect(rejectedLines.count <= 3, "\(rejectedLines.count) lines for 10,000 rejected messages")
+      #expect(rejectedLines.first.map { _ in true } ?? false)
+      // The next line of that kind, if any, says how many were held back.
+      if rejectedLines.count > 1 { #expect(rejectedLines[1].contains("suppressed=")) }
+      #expect(client.relayedMessages.map(\.text) == ["before", "after"])
+    }
+  }
+
+  /// An answer holding only messages without an id cannot move the cursor: the upstream would answer the same at
+  /// once, forever. The worker backs off instead of polling in a tight loop.
+  @Test func anAnswerOfOnlyUnrelayableMessagesBacksOffInsteadOfStorming() async throws {
+    var settings = UpstreamHarness.fastSettings()
+    settings.backoff = Backoff(base: 0.2, cap: 0.4)
+    try await UpstreamHarness.start(settings: settings).run { harness in
+      try await harness.waitForState(.live)
+      try await harness.waitForParkedPoll()
+      let pollsBefore = await harness.fixture.statistics().polls
+      await harness.fixture.appendPoison(user: "101", .noID, count: 3)
+      try await Task.sleep(for: .seconds(1))
+      let polls = await harness.fixture.statistics().polls - pollsBefore
+      // Full jitter over 0.2–0.4 s: a handful of polls in a second, not thousands.
+      #expect(polls >= 1 && polls <= 12, "\(polls) polls in one second")
+    }
+  }
+}

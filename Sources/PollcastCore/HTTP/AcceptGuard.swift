@@ -84,6 +84,7 @@ public final class AcceptGuard {
 
   /// evhttp's bufferevent factory (evhttp_set_bevcb): the same socket bufferevent evhttp would make, tracked.
   func makeBufferevent(base: OpaquePointer) -> OpaquePointer? {
+    loop.assertOnLoop()
     guard let bufferevent = bufferevent_socket_new(base, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else { return nil }
     bufferevent_incref(bufferevent)
     awaitingRequest[bufferevent] = MonotonicClock.seconds()

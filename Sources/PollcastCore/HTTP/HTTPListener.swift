@@ -114,6 +114,7 @@ public final class HTTPListener: @unchecked Sendable {
   }
 
   fileprivate func dispatch(_ request: HTTPRequest) {
+    loop.assertOnLoop()
     if let connection = request.connection { acceptGuard?.requestArrived(on: connection) }
     handler(request)
   }

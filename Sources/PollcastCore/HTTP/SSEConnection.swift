@@ -10,6 +10,7 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
   private var request: OpaquePointer?
   private var connection: OpaquePointer?
   private let scratch: EventBuffer
+  private let loop: EventLoop
   private var drained: (() -> Void)?
   /// The connection's output buffer, looked up once when the reply starts.
   private var output: OpaquePointer?
@@ -21,7 +22,8 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
 
   /// - Parameter scratch: an empty evbuffer, shared by all connections of one server (loop thread only), in
   ///   which references are assembled before evhttp moves them into the connection's output.
-  init(request: OpaquePointer, connection: OpaquePointer, scratch: EventBuffer) {
+  init(request: OpaquePointer, connection: OpaquePointer, scratch: EventBuffer, loop: EventLoop) {
+    self.loop = loop
     self.request = request
     self.connection = connection
     self.scratch = scratch
@@ -29,6 +31,7 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
 
   /// Starts the chunked reply (headers are already on the request) and watches for the client going away.
   func begin() {
+    loop.assertOnLoop()
     guard let request, let connection else { return }
     // Released in sseConnectionClosed, which evhttp calls exactly once when this connection goes away.
     evhttp_connection_set_closecb(connection, sseConnectionClosed, Unmanaged.passRetained(self).toOpaque())
@@ -59,6 +62,7 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
   /// (two epoll_ctl calls per delivery, measured at about 15 % of the relay's CPU) is needed. Whatever the kernel
   /// does not take is queued as a reference, in order, and the bufferevent writes it (or meets the error) as usual.
   func write(_ bytes: BroadcastBytes) {
+    loop.assertOnLoop()
     guard isOpen, request != nil, let output else { return }
     let slice = chunked ? bytes.framed : bytes.payload
     if socket >= 0 && evbuffer_get_length(output) == 0 {

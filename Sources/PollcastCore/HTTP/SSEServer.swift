@@ -34,6 +34,8 @@ public actor SSEServer {
   }
 
   public init(loop: EventLoop, feed: Feed, settings: ServerSettings, logger: Logger) {
+    // The server enters the feed with assumeIsolated: both must run on the same loop.
+    precondition(feed.loop === loop, "the SSE server and its feed must share one event loop")
     self.loop = loop
     self.feed = feed
     self.settings = settings
@@ -236,7 +238,7 @@ public actor SSEServer {
     }
     // Streams end only when the server ends them; closing lets evhttp free the connection with the reply.
     request.addHeader("Connection", "close")
-    let sink = SSEConnection(request: request.raw, connection: connection, scratch: scratch)
+    let sink = SSEConnection(request: request.raw, connection: connection, scratch: scratch, loop: loop)
     sink.begin()
     openStreams += 1
     let subscriber = feed.assumeIsolated { feed in

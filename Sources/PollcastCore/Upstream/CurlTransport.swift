@@ -48,6 +48,7 @@ public final class CurlTransport: @unchecked Sendable {
   public func start(
     _ request: UpstreamRequest, completion: @escaping (Result<UpstreamResponse, UpstreamError>) -> Void
   ) -> Int {
+    loop.assertOnLoop()
     let id = nextTransferID
     nextTransferID += 1
     guard let easy = curl_easy_init() else {

@@ -64,6 +64,9 @@ public actor UpstreamWorker {
     loop: EventLoop, feed: Feed, client: UpstreamClient, adapter: UpstreamAdapter, settings: Settings, logger: Logger,
     random: SeededRandom = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
   ) {
+    // The worker publishes with assumeIsolated, and its transport is confined to the loop it was made on.
+    precondition(
+      feed.loop === loop && client.transport.loop === loop, "the worker, its feed and transport share a loop")
     self.loop = loop
     self.feed = feed
     self.client = client
@@ -200,8 +203,24 @@ public actor UpstreamWorker {
         backoff.reset()
         statistics.backoffAttempt = 0
         statistics.nextRetryDelay = 0
+        let cursorsBefore = cursors
         let wentBackwards = await relay(answer, cycleGeneration)
         guard isCurrent(cycleGeneration) else { return }
+        if !answer.rejected.isEmpty && cursors == cursorsBefore {
+          // Only messages that cannot be relayed and have no id to move past: the upstream will answer the same
+          // at once. Wait like after a failure instead of polling it in a tight loop.
+          let delay = backoff.nextDelay(using: &random)
+          statistics.backoffAttempt = backoff.attempt
+          logger.limited(
+            .warning, "upstream answer held only messages that cannot be relayed: backing off",
+            metadata: ["delay_ms": String(Int(delay * 1000))], limiter: &logLimiter)
+          do {
+            try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
+          } catch {
+            return
+          }
+          continue
+        }
         // Resync from the upstream's own notion of latest when its ids went backwards, and periodically: a
         // restored database that honours the old cursor never answers a poll at all.
         if (wentBackwards || MonotonicClock.seconds() - lastSync >= settings.resyncInterval) && adapter.canSync {

@@ -25,7 +25,7 @@ struct UpstreamHarness {
     fixture options: LegacyFixture.Options = LegacyFixture.Options(),
     settings: UpstreamWorker.Settings = fastSettings(),
     hold: Double = 1, prefill: [String: [String]] = [:], generic: GenericAdapter.Settings? = nil,
-    feed: FeedSettings = FeedSettings(heartbeatInterval: 5)
+    feed: FeedSettings = FeedSettings(heartbeatInterval: 5), logger: Logger = Logger(label: "test", level: .critical)
   ) async throws -> UpstreamHarness {
     let fixture = try await LegacyFixture.start(options)
     for (user, texts) in prefill { await fixture.append(user: user, texts: texts) }
@@ -39,7 +39,7 @@ struct UpstreamHarness {
     }
     let relay = try await Relay.start(
       server: ServerSettings(host: "127.0.0.1", port: 0), feed: feed,
-      logger: Logger(label: "test", level: .critical),
+      logger: logger,
       upstream: .init(adapter: adapter, settings: settings, apiKey: options.apiKey, seed: 1))
     return UpstreamHarness(fixture: fixture, relay: relay)
   }

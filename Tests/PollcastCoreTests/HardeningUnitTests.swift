@@ -1,0 +1,87 @@
+import Testing
+
+@testable import PollcastCore
+
+@Suite struct CursorDecisionTests {
+  private func recent(_ ids: [UInt64]) -> RecentIDs {
+    var set = RecentIDs()
+    for id in ids { set.insert(id) }
+    return set
+  }
+
+  @Test func idsAboveTheCursorAreNewAndResendsBesideThemAreDropped() {
+    let decision = CursorDecision.decide(ids: [3, 4, 5, 6, 7], cursor: 5, recent: recent([3, 4, 5]))
+    #expect(decision == CursorDecision(backwards: false, fresh: [3, 4]))
+  }
+
+  @Test func aRepeatedIdInOneAnswerIsRelayedOnce() {
+    #expect(CursorDecision.decide(ids: [6, 6, 7], cursor: 5, recent: recent([])).fresh == [0, 2])
+  }
+
+  @Test func anAnswerOfOnlyResendsIsNotARewind() {
+    let decision = CursorDecision.decide(ids: [4, 5], cursor: 5, recent: recent([4, 5]))
+    #expect(decision == CursorDecision(backwards: false, fresh: []))
+  }
+
+  /// After an id of 2^64-1 every ordinary id is at or below the cursor: before, each was dropped as a
+  /// "duplicate" forever, with only a counter to show for it.
+  @Test func afterTheLargestIdOrdinaryIdsAreFollowedNotDropped() {
+    let decision = CursorDecision.decide(ids: [1, 2, 3], cursor: .max, recent: recent([.max]))
+    #expect(decision == CursorDecision(backwards: true, fresh: [0, 1, 2]))
+  }
+
+  @Test func aRestoredDatabaseThatResendsWhatWasRelayedDropsOnlyThose() {
+    let decision = CursorDecision.decide(ids: [8, 9, 10], cursor: 50, recent: recent([9, 50]))
+    #expect(decision == CursorDecision(backwards: true, fresh: [0, 2]))
+  }
+
+  @Test func recentIdsForgetTheOldestPastTheirCapacity() {
+    var ids = RecentIDs()
+    for id in 1...UInt64(RecentIDs.capacity + 10) { ids.insert(id) }
+    #expect(!ids.contains(1) && !ids.contains(10))
+    #expect(ids.contains(11) && ids.contains(UInt64(RecentIDs.capacity + 10)))
+  }
+}
+
+@Suite struct LogLimiterTests {
+  @Test func theFirstLineOfAKindIsWrittenAndRepeatsAreCountedUntilTheWindowEnds() {
+    var limiter = LogLimiter(interval: 10)
+    #expect(limiter.admit("x", now: 0) == (true, 0))
+    for second in 1...5 { #expect(limiter.admit("x", now: Double(second)).write == false) }
+    #expect(limiter.admit("y", now: 5) == (true, 0))
+    #expect(limiter.admit("x", now: 11) == (true, 5))
+    #expect(limiter.admit("x", now: 12).write == false)
+  }
+}
+
+@Suite struct QueryStringTests {
+  @Test(arguments: [
+    ("x=1&y", [("x", "1"), ("y", "")]),
+    ("stream=101&stream=202", [("stream", "101"), ("stream", "202")]),
+    ("a=%41%42&b=c+d&e=%zz&f=%4", [("a", "AB"), ("b", "c d"), ("e", "%zz"), ("f", "%4")]),
+    ("&&=&a==b", [("", ""), ("a", "=b")]),
+    ("", []),
+  ])
+  func parsesLikeABrowser(query: String, expected: [(String, String)]) {
+    let items = QueryString.parse(query)
+    #expect(items.map(\.name) == expected.map(\.0))
+    #expect(items.map(\.value) == expected.map(\.1))
+  }
+}
+
+@Suite struct RepairedTextTests {
+  @Test func validTextIsUntouched() {
+    let text = RepairedText(Array("héllo".utf8))
+    #expect(text.text == "héllo" && text.repairs.isEmpty)
+  }
+
+  @Test func eachInvalidSequenceBecomesOneReplacementWhoseOffsetIsKnown() {
+    let text = RepairedText([0x61, 0xFF, 0x62, 0xC3, 0x28])
+    #expect(text.text == "a\u{FFFD}b\u{FFFD}(")
+    #expect(text.repairs == [1, 5])
+    #expect(text.repaired(offset: 0, count: 1) == false)
+    #expect(text.repaired(offset: 1, count: 3))
+    #expect(text.repaired(offset: 4, count: 1) == false)
+    #expect(text.repaired(offset: 5, count: 4))
+  }
+}

@@ -53,14 +53,7 @@ import Testing
     process.standardError = FileHandle.nullDevice
     try process.run()
     defer { if process.isRunning { process.terminate() } }
-    var firstLine = ""
-    let deadline = Date().addingTimeInterval(10)
-    while !firstLine.contains("\n") && Date() < deadline {
-      firstLine += String(decoding: out.fileHandleForReading.availableData, as: UTF8.self)
-    }
-    let line = try #require(firstLine.split(separator: "\n").first.map(String.init))
-    #expect(line.hasPrefix("listening on 127.0.0.1:"))
-    let port = try #require(Int(line.split(separator: ":").last ?? ""))
+    let port = try #require(listeningPort(of: out))
     let client = try TestSSEClient(port: port)
     try client.waitUntil(timeout: 10, "a demo message") { !$0.messageIDs.isEmpty }
     kill(process.processIdentifier, SIGTERM)

@@ -135,13 +135,7 @@ import Testing
       feed: FeedSettings(ring: .init(maxEvents: 100_000, maxBytes: 1 << 30), heartbeatInterval: 5)
     ).run { harness in
       // The reader is curl writing to a file: a client that reads at full speed.
-      let output = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-huge-\(getpid()).txt")
-      defer { try? FileManager.default.removeItem(at: output) }
-      let curl = Process()
-      curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-      curl.arguments = ["-sS", "-N", "--max-time", "180", "-o", output.path, "http://127.0.0.1:\(harness.port)/events"]
-      try curl.run()
-      defer { if curl.isRunning { curl.terminate() } }
+      let reader = try CurlReader(url: "http://127.0.0.1:\(harness.port)/events")
       try await harness.waitForSubscribers(1)
       try await harness.waitForParkedPoll()
       let slowest = Mutex(0.0)
@@ -159,14 +153,7 @@ import Testing
       }
       prober.start()
       await harness.fixture.append(user: "101", texts: texts)
-      let lastLine = "\"upstream_id\":\"\(count)\""
-      let deadline = MonotonicClock.seconds() + 150
-      var received = ""
-      while MonotonicClock.seconds() < deadline {
-        received = (try? String(contentsOf: output, encoding: .utf8)) ?? ""
-        if received.contains(lastLine) { break }
-        try await Task.sleep(for: .milliseconds(200))
-      }
+      let received = try await reader.waitFor("\"upstream_id\":\"\(count)\"", timeout: 150)
       stop.store(true, ordering: .relaxed)
       var parser = SSEParser()
       let ids = parser.feed(Array(received.utf8)).filter { $0.type == "message" }.compactMap {
@@ -303,7 +290,7 @@ func rawExchange(port: Int, _ request: String, timeout: Double = 5) throws -> Ra
 @Suite(.serialized, .timeLimit(.minutes(3))) struct DescriptorLimitTests {
   @Test func atTheDescriptorLimitTheRelayRefusesStreamsPausesAcceptingLogsOnceAndRecovers() async throws {
     let errorLog = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-fdlimit-\(getpid()).log")
-    FileManager.default.createFile(atPath: errorLog.path, contents: nil)
+    #expect(FileManager.default.createFile(atPath: errorLog.path, contents: nil))
     defer { try? FileManager.default.removeItem(at: errorLog) }
     let process = Process()
     process.executableURL = URL(fileURLWithPath: "/bin/sh")
@@ -319,12 +306,7 @@ func rawExchange(port: Int, _ request: String, timeout: Double = 5) throws -> Ra
     process.standardError = try FileHandle(forWritingTo: errorLog)
     try process.run()
     defer { if process.isRunning { process.terminate() } }
-    var firstLine = ""
-    let deadline = Date().addingTimeInterval(15)
-    while !firstLine.contains("\n") && Date() < deadline {
-      firstLine += String(decoding: out.fileHandleForReading.availableData, as: UTF8.self)
-    }
-    let port = try #require(Int(firstLine.split(separator: "\n").first?.split(separator: ":").last ?? ""))
+    let port = try #require(listeningPort(of: out))
 
     // 1. Streams are refused with 503 and Retry-After once the descriptor reserve is reached, and /healthz still
     //    answers from within the reserve.

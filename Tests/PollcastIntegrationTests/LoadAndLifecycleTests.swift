@@ -73,13 +73,7 @@ import Testing
     ).run { harness in
       let stalled = try TestSSEClient(port: harness.port)  // never read from
       // The keeping-up client is curl writing to a file: fast enough to never fall 256 KiB behind.
-      let output = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-reader-\(getpid()).txt")
-      defer { try? FileManager.default.removeItem(at: output) }
-      let curl = Process()
-      curl.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
-      curl.arguments = ["-sS", "-N", "--max-time", "120", "-o", output.path, "http://127.0.0.1:\(harness.port)/events"]
-      try curl.run()
-      defer { if curl.isRunning { curl.terminate() } }
+      let reader = try CurlReader(url: "http://127.0.0.1:\(harness.port)/events", maxTime: 120)
       try await harness.waitForSubscribers { $0 == 2 }
       let payload = String(repeating: "x", count: 4096)
       var ids: [UInt64] = []
@@ -88,14 +82,7 @@ import Testing
         ids += await harness.relay.feed.publish((0..<10).map { _ in FeedEvent(stream: "101", data: payload) })
         try await Task.sleep(for: .milliseconds(1))
       }
-      let lastLine = "id: \(ids.last!)\n"
-      let deadline = MonotonicClock.seconds() + 60
-      var received = ""
-      while MonotonicClock.seconds() < deadline {
-        received = (try? String(contentsOf: output, encoding: .utf8)) ?? ""
-        if received.contains(lastLine) { break }
-        try await Task.sleep(for: .milliseconds(50))
-      }
+      let received = try await reader.waitFor("id: \(ids.last!)\n", timeout: 60)
       var parser = SSEParser()
       let events = parser.feed(Array(received.utf8))
       #expect(events.filter { $0.type == "message" }.compactMap { UInt64($0.lastEventID) } == ids)

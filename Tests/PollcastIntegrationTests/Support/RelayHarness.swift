@@ -2,7 +2,7 @@ import Foundation
 import PollcastCore
 
 /// An in-process relay on 127.0.0.1:0 for a test, shut down by `stop()` (call it on every path).
-struct RelayHarness {
+struct RelayHarness: StoppableHarness {
   let relay: Relay
   var port: Int { relay.port }
 
@@ -17,17 +17,6 @@ struct RelayHarness {
   }
 
   func stop() async { await relay.shutdown(deadline: 2) }
-
-  /// Runs `body` and stops the relay on every path, a failing expectation or a thrown error included.
-  func run(_ body: (RelayHarness) async throws -> Void) async throws {
-    do {
-      try await body(self)
-    } catch {
-      await stop()
-      throw error
-    }
-    await stop()
-  }
 
   /// Publishes `count` messages on `stream` with payloads `"<prefix><n>"`; returns their ids.
   @discardableResult

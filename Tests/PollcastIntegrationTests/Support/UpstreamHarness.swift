@@ -3,7 +3,7 @@ import LegacyFixture
 import PollcastCore
 
 /// The reference fixture plus a relay polling it, both in-process on their own loops, over loopback.
-struct UpstreamHarness {
+struct UpstreamHarness: StoppableHarness {
   let fixture: LegacyFixture
   let relay: Relay
   var port: Int { relay.port }
@@ -47,17 +47,6 @@ struct UpstreamHarness {
   func stop() async {
     await relay.shutdown(deadline: 2)
     await fixture.shutdown()
-  }
-
-  /// Runs `body` and stops the relay and the fixture on every path, a thrown error included.
-  func run(_ body: (UpstreamHarness) async throws -> Void) async throws {
-    do {
-      try await body(self)
-    } catch {
-      await stop()
-      throw error
-    }
-    await stop()
   }
 
   /// Waits until the worker reports `state`.

@@ -164,8 +164,9 @@ import Testing
       #expect(await harness.relay.feed.statistics().slowConsumerDisconnects == 0)
       let worst = slowest.withLock { $0 }
       print("huge answer: \(count) messages, slowest /healthz \(Int(worst * 1000)) ms")
-      // A debug build on 2 noisy cores: one slice of 1,000 events is a few ms in release, tens in debug.
-      #expect(worst < 0.5 * timingFactor, "a /healthz took \(worst) s while a huge answer was relayed")
+      // A debug build on 2 noisy cores: one slice of 1,000 events is a few ms in release, ~20 ms in debug; the
+      // whole answer in one turn (before) held the loop for over 2 s here.
+      #expect(worst < 1.0 * timingFactor, "a /healthz took \(worst) s while a huge answer was relayed")
     }
   }
 

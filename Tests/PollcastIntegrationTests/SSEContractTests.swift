@@ -160,9 +160,16 @@ import Testing
   @Test func heartbeatsArriveAtTheConfiguredInterval() async throws {
     try await RelayHarness.start(feed: FeedSettings(heartbeatInterval: 0.2)).run { harness in
       let client = try TestSSEClient(port: harness.port)
+      try client.waitForHead()
+      let started = MonotonicClock.seconds()
       try client.waitUntil(timeout: 3, "three heartbeats") {
         $0.bodyText.components(separatedBy: ": heartbeat").count > 3
       }
+      // Not more often than the interval either (a spread round once visited a lone subscriber on every tick).
+      try client.pump(timeout: 0.5)
+      let elapsed = MonotonicClock.seconds() - started
+      let count = client.bodyText.components(separatedBy: ": heartbeat").count - 1
+      #expect(Double(count) <= elapsed / 0.2 + 2, "\(count) heartbeats in \(elapsed) s at a 0.2 s interval")
     }
   }
 

@@ -17,8 +17,10 @@ public actor Feed {
   /// The newest `upstream` status event (no id), sent to every subscriber when it goes live.
   private var statusEvent: BroadcastBytes?
   private var heartbeatTimer: LoopTimer?
-  /// Where the next heartbeat slice starts in `subscribers`.
+  /// Where the next heartbeat slice starts in `subscribers`, and the fraction of a subscriber owed to the next
+  /// tick (with fewer subscribers than slices, a tick visits none or one).
   private var heartbeatCursor = 0
+  private var heartbeatCredit = 0.0
   /// When the current batch is being written (set once per publish, read by every write of the fan-out).
   private var writeTime = 0.0
   private var ageTimer: LoopTimer?
@@ -315,16 +317,20 @@ public actor Feed {
 
   /// Heartbeat rounds are spread over the interval: each tick (interval / slices) visits the next slice of the
   /// subscribers, so 10,000 idle clients cost 250 writes per tick instead of one 10,000-write stall every
-  /// interval that live events would wait behind. A subscriber that was written to within the last half interval
-  /// needs no heartbeat and gets none.
+  /// interval that live events would wait behind. A subscriber written to since the previous tick needs no
+  /// heartbeat and gets none (a busy stream costs nothing); any stream thus hears something at least every
+  /// interval plus one tick.
   static let heartbeatSlices = 40
 
   private func tick() {
     let now = MonotonicClock.seconds()
     ring.evictExpired(now: now)
     guard !subscribers.isEmpty else { return }
-    let share = (subscribers.count + Feed.heartbeatSlices - 1) / Feed.heartbeatSlices
-    let quiet = settings.heartbeatInterval / 2
+    // Each tick visits count / slices subscribers, so each one is visited once per interval.
+    heartbeatCredit += Double(subscribers.count) / Double(Feed.heartbeatSlices)
+    let share = Int(heartbeatCredit)
+    heartbeatCredit -= Double(share)
+    let quiet = settings.heartbeatInterval / Double(Feed.heartbeatSlices)
     var visited = 0
     if heartbeatCursor >= subscribers.count { heartbeatCursor = 0 }
     while visited < share && !subscribers.isEmpty {

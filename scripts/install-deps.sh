@@ -13,3 +13,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get update
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y --no-install-recommends "${missing[@]}"
 fi
+# A real Python SSE client library for the interop test (PyPI).
+if ! python3 -c 'import httpx, httpx_sse' 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check httpx httpx-sse 2>/dev/null \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages httpx httpx-sse
+fi

@@ -269,9 +269,18 @@ extension LegacyFixture {
     guard let bufferevent = evhttp_connection_get_bufferevent(watch.connection) else { return }
     let fd = bufferevent_getfd(bufferevent)
     // Unretained: the event is freed (stopWatchingHangup) before the watch or the poll can go away.
-    poll.hangupEvent = event_new(
-      loop.base, fd, pollcast_EV_READ | pollcast_EV_PERSIST, fixtureHangup, Unmanaged.passUnretained(watch).toOpaque())
-    if let event = poll.hangupEvent { event_add(event, nil) }
+    do {
+      let event = try LibeventCall.check(
+        event_new(
+          loop.base, fd, pollcast_EV_READ | pollcast_EV_PERSIST, fixtureHangup,
+          Unmanaged.passUnretained(watch).toOpaque()),
+        "event_new(hangup)")
+      poll.hangupEvent = event
+      try LibeventCall.check(event_add(event, nil), "event_add(hangup)")
+    } catch {
+      // Without the watch a client that gives up stays "in flight" until the poll's own timeout: say so.
+      FileHandle.standardError.write(Data("fixture: cannot watch a parked poll's socket: \(error)\n".utf8))
+    }
   }
 
   func clientReadable(_ watch: ConnectionWatch) {

@@ -4,7 +4,7 @@ import PollcastCore
 import Testing
 
 /// The live page at `/` in a real headless Chromium.
-@Suite(.serialized) struct BrowserTests {
+@Suite(.serialized, .timeLimit(.minutes(5))) struct BrowserTests {
   @Test func livePageShowsMessagesAndReconnectsByItselfWithoutLosingOrRepeatingAny() async throws {
     // Streams end every 1.5 s (maximum connection age): the browser must reconnect and resume on its own.
     try await UpstreamHarness.start(

@@ -4,7 +4,7 @@ import PollcastCore
 import Testing
 
 /// The built `pollcast` executable, as users and scripts run it.
-@Suite(.serialized) struct CommandLineProcessTests {
+@Suite(.serialized, .timeLimit(.minutes(5))) struct CommandLineProcessTests {
   let binary = builtProduct("pollcast")
 
   @Test func versionAndHelpExitZero() throws {
@@ -66,7 +66,7 @@ import Testing
   }
 }
 
-@Suite struct CommandLineUpstreamRequirementTests {
+@Suite(.timeLimit(.minutes(5))) struct CommandLineUpstreamRequirementTests {
   @Test func withoutAnUpstreamTheRelayRefusesToStartAndSaysHow() throws {
     let result = try run(builtProduct("pollcast"), ["--listen", "127.0.0.1:0"])
     #expect(result.code == 78)
@@ -94,7 +94,7 @@ import Testing
   }
 }
 
-@Suite struct FixtureCommandTests {
+@Suite(.timeLimit(.minutes(5))) struct FixtureCommandTests {
   @Test func fixtureServesTheLegacyAPIAndChattersWhenAsked() throws {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: builtProduct("pollcast-legacy-fixture"))
@@ -128,7 +128,7 @@ import Testing
   }
 }
 
-@Suite struct SecretsInLogsTests {
+@Suite(.timeLimit(.minutes(5))) struct SecretsInLogsTests {
   @Test func neitherTheAPIKeyNorAnySessionTokenReachesTheLogsEvenAtTrace() async throws {
     var options = LegacyFixture.Options()
     options.apiKey = "sekrit-KEY-4711"

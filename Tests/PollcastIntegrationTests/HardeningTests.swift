@@ -288,7 +288,7 @@ func rawExchange(port: Int, _ request: String, timeout: Double = 5) throws -> Ra
 }
 
 /// The relay as its own process under a low descriptor limit (`ulimit -n`), so the limit is really reached.
-@Suite(.serialized, .timeLimit(.minutes(3))) struct DescriptorLimitTests {
+@Suite(.serialized, .timeLimit(.minutes(5))) struct DescriptorLimitTests {
   @Test func atTheDescriptorLimitTheRelayRefusesStreamsPausesAcceptingLogsOnceAndRecovers() async throws {
     let errorLog = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-fdlimit-\(getpid()).log")
     #expect(FileManager.default.createFile(atPath: errorLog.path, contents: nil))
@@ -375,7 +375,7 @@ func processCPUSeconds(_ pid: Int32) -> Double {
 }
 
 /// 100,000 messages without an id in one answer wrote 100,000 error lines.
-@Suite(.serialized, .timeLimit(.minutes(2))) struct LogFloodTests {
+@Suite(.serialized, .timeLimit(.minutes(5))) struct LogFloodTests {
   @Test func tenThousandMessagesWithoutAnIdLogAFewLinesAndTheStreamGoesOn() async throws {
     let lines = Mutex<[String]>([])
     let logger = Logger(label: "test", level: .warning) { line in lines.withLock { $0.append(line) } }
@@ -417,6 +417,61 @@ func processCPUSeconds(_ pid: Int32) -> Double {
       let polls = await harness.fixture.statistics().polls - pollsBefore
       // Full jitter over 0.2–0.4 s: a handful of polls in a second, not thousands.
       #expect(polls >= 1 && polls <= 12, "\(polls) polls in one second")
+    }
+  }
+}
+
+/// A real client library from PyPI: httpx-sse surfaced an empty `message` event on every connect while the
+/// preamble's `retry:` stood in a block of its own. Needs `python3 -m pip install httpx httpx-sse`
+/// (scripts/install-deps.sh and .ci/run install them).
+@Suite(.serialized, .timeLimit(.minutes(5))) struct PythonSSEClientTests {
+  static let script = """
+    import json, sys, httpx
+    from httpx_sse import connect_sse
+    events = []
+    with httpx.Client(timeout=20) as client:
+        with connect_sse(client, "GET", sys.argv[1]) as source:
+            print("connected", flush=True)
+            for sse in source.iter_sse():
+                events.append({"event": sse.event, "data": sse.data, "id": sse.id, "retry": sse.retry})
+                if sum(1 for e in events if e["event"] == "message") >= 2:
+                    break
+    print(json.dumps(events), flush=True)
+    """
+
+  @Test func httpxSSESeesOnlyRealEventsAndTheRetryField() async throws {
+    try await UpstreamHarness.start(feed: FeedSettings(heartbeatInterval: 0.1, retryMilliseconds: 2500)).run {
+      harness in
+      try await harness.waitForState(.live)
+      let process = Process()
+      process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+      process.arguments = ["python3", "-c", PythonSSEClientTests.script, "http://127.0.0.1:\(harness.port)/events"]
+      let out = Pipe()
+      let err = Pipe()
+      process.standardOutput = out
+      process.standardError = err
+      try process.run()
+      defer { if process.isRunning { process.terminate() } }
+      try await harness.waitForSubscribers(1, timeout: 20)
+      try await Task.sleep(for: .milliseconds(400))  // a few heartbeats go out before the first message
+      await harness.fixture.append(user: "101", texts: ["one", "two"])
+      let deadline = MonotonicClock.seconds() + 20
+      while process.isRunning && MonotonicClock.seconds() < deadline { try await Task.sleep(for: .milliseconds(50)) }
+      let output = String(decoding: out.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+      let problems = String(decoding: err.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+      #expect(process.terminationStatus == 0, "python: \(problems)")
+      let line = try #require(output.split(separator: "\n").last.map(String.init))
+      let events = try RawJSON.parse(line)
+      guard case .array(let list) = events.value else {
+        Issue.record("not a list: \(line)")
+        return
+      }
+      // The status event (upstream) and the two messages; never an empty event.
+      #expect(list.count == 3, "\(line)")
+      for event in list { #expect(event["data"]?.stringValue?.isEmpty == false, "an empty event: \(event.rawText)") }
+      #expect(list.first?["event"]?.stringValue == "upstream")
+      #expect(list.first?["retry"]?.rawText == "2500")
+      #expect(list.dropFirst().allSatisfy { $0["event"]?.stringValue == "message" })
     }
   }
 }

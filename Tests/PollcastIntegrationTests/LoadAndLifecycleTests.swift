@@ -4,7 +4,7 @@ import Synchronization
 import Testing
 
 /// Many clients, races, slow and vanishing clients, over real sockets.
-@Suite(.serialized) struct LoadAndLifecycleTests {
+@Suite(.serialized, .timeLimit(.minutes(5))) struct LoadAndLifecycleTests {
   @Test func aThousandConcurrentSubscribersReceiveTheSameEventsInTheSameOrder() async throws {
     try await RelayHarness.start().run { harness in
       let clients = try (0..<1000).map { _ in try TestSSEClient(port: harness.port) }

@@ -3,7 +3,7 @@ import PollcastCore
 import Testing
 
 /// Connection age, graceful shutdown spreading, the page and the metrics endpoint.
-@Suite(.serialized) struct OperationsTests {
+@Suite(.serialized, .timeLimit(.minutes(5))) struct OperationsTests {
   @Test func streamsEndAtTheMaximumAgeAndTheClientResumesWithoutAGap() async throws {
     try await RelayHarness.start(
       feed: FeedSettings(heartbeatInterval: 5, maxConnectionAge: 0.5, maxConnectionAgeJitter: 0.2)

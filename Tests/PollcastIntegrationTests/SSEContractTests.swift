@@ -3,7 +3,7 @@ import PollcastCore
 import Testing
 
 /// The downstream contract over real sockets: headers, preamble, resume, resets, filters, methods, limits.
-@Suite(.serialized) struct SSEContractTests {
+@Suite(.serialized, .timeLimit(.minutes(5))) struct SSEContractTests {
   @Test func streamStartsWithTheContractHeadersAPreambleAndRetry() async throws {
     let harness = try await RelayHarness.start(feed: FeedSettings(heartbeatInterval: 5, retryMilliseconds: 2500))
     defer { Task { await harness.stop() } }
@@ -285,7 +285,7 @@ import Testing
   }
 }
 
-@Suite(.serialized) struct HTTP10ClientTests {
+@Suite(.serialized, .timeLimit(.minutes(5))) struct HTTP10ClientTests {
   @Test func anHTTP10ClientGetsTheSameEventsWithoutChunkFraming() async throws {
     try await RelayHarness.start().run { harness in
       let curl = Process()

@@ -24,7 +24,7 @@ private actor TransportDriver {
   func inFlight() -> Int { transport.inFlight }
 }
 
-@Suite(.serialized) struct TransportTests {
+@Suite(.serialized, .timeLimit(.minutes(5))) struct TransportTests {
   private func driver() async throws -> TransportDriver {
     let loop = try EventLoop()
     loop.start()

@@ -4,7 +4,7 @@ import PollcastCore
 import Testing
 
 /// The worker against the real fixture, observed through real SSE clients.
-@Suite(.serialized) struct UpstreamTests {
+@Suite(.serialized, .timeLimit(.minutes(5))) struct UpstreamTests {
   @Test func messagesFlowFromTheFixtureVerbatimToSubscribers() async throws {
     try await UpstreamHarness.start().run { harness in
       try await harness.waitForState(.live)

@@ -307,7 +307,8 @@ func rawExchange(port: Int, _ request: String, timeout: Double = 5) throws -> Ra
     process.standardError = try FileHandle(forWritingTo: errorLog)
     try process.run()
     defer { if process.isRunning { process.terminate() } }
-    let port = try #require(listeningPort(of: out))
+    let port = try #require(
+      listeningPort(of: out), "the relay did not start: \((try? String(contentsOf: errorLog, encoding: .utf8)) ?? "")")
 
     // 1. Streams are refused with 503 and Retry-After once the descriptor reserve is reached, and /healthz still
     //    answers from within the reserve.

@@ -50,12 +50,22 @@ import Testing
     process.arguments = ["--demo", "--listen", "127.0.0.1:0", "--sse-heartbeat-seconds", "1"]
     let out = Pipe()
     process.standardOutput = out
-    process.standardError = FileHandle.nullDevice
+    // The relay's log, shown when anything goes wrong (a crash under a sanitizer reports there).
+    let errorLog = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-demo-\(UUID().uuidString)")
+    #expect(FileManager.default.createFile(atPath: errorLog.path, contents: nil))
+    defer { try? FileManager.default.removeItem(at: errorLog) }
+    process.standardError = try FileHandle(forWritingTo: errorLog)
     try process.run()
     defer { if process.isRunning { process.terminate() } }
-    let port = try #require(listeningPort(of: out))
+    func relayLog() -> String { (try? String(contentsOf: errorLog, encoding: .utf8)) ?? "" }
+    let port = try #require(listeningPort(of: out), "the relay did not start: \(relayLog())")
     let client = try TestSSEClient(port: port)
-    try client.waitUntil(timeout: 10, "a demo message") { !$0.messageIDs.isEmpty }
+    do {
+      try client.waitUntil(timeout: 10, "a demo message") { !$0.messageIDs.isEmpty }
+    } catch {
+      Issue.record("\(error); received \(client.bodyText.debugDescription); relay log: \(relayLog())")
+      throw error
+    }
     kill(process.processIdentifier, SIGTERM)
     try client.waitForEOF(timeout: 10)
     #expect(client.endedCleanly)

@@ -138,7 +138,7 @@ import Testing
       let reader = try CurlReader(url: "http://127.0.0.1:\(harness.port)/events")
       try await harness.waitForSubscribers(1)
       try await harness.waitForParkedPoll()
-      let slowest = Mutex(0.0)
+      let slowest = Locked(0.0)
       let stop = Atomic(false)
       defer { stop.store(true, ordering: .relaxed) }
       let port = harness.port
@@ -378,7 +378,7 @@ func processCPUSeconds(_ pid: Int32) -> Double {
 /// 100,000 messages without an id in one answer wrote 100,000 error lines.
 @Suite(.serialized, .timeLimit(.minutes(5))) struct LogFloodTests {
   @Test func tenThousandMessagesWithoutAnIdLogAFewLinesAndTheStreamGoesOn() async throws {
-    let lines = Mutex<[String]>([])
+    let lines = Locked<[String]>([])
     let logger = Logger(label: "test", level: .warning) { line in lines.withLock { $0.append(line) } }
     var options = LegacyFixture.Options()
     options.pageSize = 20_000

@@ -28,7 +28,7 @@ import Testing
         ring: .init(maxEvents: 100_000, maxBytes: 1 << 30), maxPendingBytes: 8 << 20, heartbeatInterval: 5,
         replayChunkBytes: 512)
     ).run { harness in
-      let published = Mutex<[UInt64]>([])
+      let published = Locked<[UInt64]>([])
       let seed = await harness.publish(50, prefix: "seed")
       published.withLock { $0 = seed }
       let total = 4000

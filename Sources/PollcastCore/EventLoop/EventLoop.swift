@@ -10,10 +10,10 @@ import Synchronization
 public final class EventLoop: SerialExecutor, @unchecked Sendable {
   /// The libevent base. Touch it only on the loop thread (or before `start()`).
   public let base: OpaquePointer
-  private let pending = Mutex<[UnownedJob]>([])
+  private let pending = Locked<[UnownedJob]>([])
   private var wakeEvent: OpaquePointer?
   private let loopThreadID = Atomic<UInt>(0)
-  private let state = Mutex<State>(.idle)
+  private let state = Locked<State>(.idle)
   private let finished = DispatchSemaphore(value: 0)
 
   private enum State { case idle, running, stopping, stopped }

@@ -1,6 +1,5 @@
 import CLibevent
 import Foundation
-import Synchronization
 
 /// What an `HTTPListener` does when accepting fails for lack of descriptors, and against clients that connect
 /// and never finish a request (slowloris). Loop-confined: owned by its listener.
@@ -200,7 +199,7 @@ public final class AcceptGuard {
 
   // The error callback receives evhttp's pointer (evhttp owns the listener's callback argument): this table maps
   // it back to its guard. Touched only when accept fails, and at attach/release.
-  fileprivate static let registry = Mutex<[UInt: Weak<AcceptGuard>]>([:])
+  fileprivate static let registry = Locked<[UInt: Weak<AcceptGuard>]>([:])
 
   fileprivate static func lookup(_ http: UnsafeMutableRawPointer) -> AcceptGuard? {
     registry.withLock { $0[UInt(bitPattern: Int(bitPattern: http))]?.value }

@@ -1,13 +1,12 @@
 import CLibevent
 import Foundation
-import Synchronization
 
 /// Connections that must close after the answer in flight, although evhttp would keep them (it keeps every
 /// connection that carried a CONNECT). A mark lasts exactly as long as its connection: evhttp's close callback,
 /// called once when the connection is freed, removes it, so a later connection at the same address is never
 /// taken for a marked one. Loop-confined in use; the set is behind a lock only because it is global.
 enum ClosingConnections {
-  private static let marked = Mutex<Set<UInt>>([])
+  private static let marked = Locked<Set<UInt>>([])
 
   static func mark(_ connection: OpaquePointer) {
     let key = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(connection)))

@@ -1,5 +1,4 @@
 import Foundation
-import Synchronization
 
 /// A small logger in swift-log's shape: `logger.info("message", metadata: [...])`, written as one logfmt (default)
 /// or JSON line to stderr. Values of keys that look secret are redacted.

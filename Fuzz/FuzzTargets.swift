@@ -23,6 +23,22 @@ public func pollcastFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
 }
 
 enum FuzzChecks {
+  /// CRLF and lone CR become LF, byte by byte, as SSE reads line breaks. (Foundation's replacingOccurrences works on
+  /// characters and leaves a CR alone when a combining mark follows it: the first fuzz run tripped on exactly that.)
+  static func normalisingLineBreaks(_ text: String) -> [UInt8] {
+    var out: [UInt8] = []
+    var previousCR = false
+    for byte in text.utf8 {
+      if previousCR && byte == 0x0A {
+        previousCR = false
+        continue
+      }
+      previousCR = byte == 0x0D
+      out.append(byte == 0x0D ? 0x0A : byte)
+    }
+    return out
+  }
+
   /// The parser never crashes; what it accepts keeps its exact bytes, and the adapters take it without trapping.
   static func rawJSON(_ bytes: [UInt8]) {
     let text = RepairedText(bytes)
@@ -42,8 +58,7 @@ enum FuzzChecks {
     var parser = SSEParser()
     let events = parser.feed(SSEEncoder.event(id: 42, type: "message", data: data))
     precondition(events.count == 1, "one event in, \(events.count) out")
-    let normalised = data.replacingOccurrences(of: "\r\n", with: "\n").replacingOccurrences(of: "\r", with: "\n")
-    precondition(events[0].data == normalised, "data changed in the round trip")
+    precondition(Array(events[0].data.utf8) == FuzzChecks.normalisingLineBreaks(data), "data changed in the round trip")
     precondition(events[0].lastEventID == "42")
     var whole = SSEParser()
     let all = whole.feed(bytes)

@@ -32,7 +32,8 @@ for target in "${targets[@]}"; do
   if POLLCAST_FUZZ_TARGET="$target" ASAN_OPTIONS=detect_leaks=0 "$binary" -max_total_time="$seconds" \
     -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$crashes/" "$corpus" "Fuzz/corpus/$target" \
     >"$log" 2>&1; then
-    echo "fuzz $target: $(grep -o 'stat::number_executed_runs: [0-9]*' "$log" | tail -1 || true)$(tail -1 "$log" | sed 's/^/ — /')"
+    runs=$(grep -oE 'Done [0-9]+ runs' "$log" | grep -oE '[0-9]+' | tail -1 || true)
+    echo "fuzz $target: ok, ${runs:-?} runs in ${seconds} s"
   else
     echo "fuzz $target: FAILED — see $log; inputs in $crashes"
     tail -40 "$log"

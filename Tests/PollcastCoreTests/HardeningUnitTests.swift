@@ -85,3 +85,49 @@ import Testing
     #expect(text.repaired(offset: 5, count: 4))
   }
 }
+
+/// Inputs the fuzzers found, kept as regression tests.
+@Suite struct FuzzRegressionTests {
+  /// `scripts/fuzz.sh` (target sse) in CI: CR runs, a NUL, control characters and invalid UTF-8 in one input.
+  static let sseInput: [UInt8] = [
+    13, 13, 13, 13, 13, 13, 13, 13, 13, 13, 13, 13, 13, 13, 13, 204, 147, 58, 32, 49, 32, 49, 0, 97, 116, 100, 58, 10,
+    97, 97, 116, 97, 58, 32, 110, 117, 108, 32, 105, 100, 10, 10, 0, 10, 100, 97, 116, 97, 58, 32, 110, 117, 108, 40,
+    105, 32, 110, 13, 13, 13, 13, 12, 13, 21, 13, 13, 117,
+  ]
+
+  @Test func anyDataSurvivesEncodingAndParsing() {
+    let data = String(decoding: FuzzRegressionTests.sseInput, as: UTF8.self)
+    var parser = SSEParser()
+    let events = parser.feed(SSEEncoder.event(id: 42, type: "message", data: data))
+    #expect(events.count == 1)
+    // Line breaks normalised byte by byte: a CR before a combining mark (U+0313 here) is still a line break.
+    var expected: [UInt8] = []
+    var previousCR = false
+    for byte in data.utf8 {
+      if previousCR && byte == 0x0A {
+        previousCR = false
+        continue
+      }
+      previousCR = byte == 0x0D
+      expected.append(byte == 0x0D ? 0x0A : byte)
+    }
+    #expect(events.first.map { Array($0.data.utf8) } == expected)
+  }
+
+  @Test func parsingDoesNotDependOnHowTheBytesAreSplit() {
+    let bytes = FuzzRegressionTests.sseInput
+    var whole = SSEParser()
+    let all = whole.feed(bytes)
+    var pieces = SSEParser()
+    var split: [SSEParser.Event] = []
+    var index = 0
+    var step = 1
+    while index < bytes.count {
+      let end = min(bytes.count, index + step)
+      split += pieces.feed(bytes[index..<end])
+      index = end
+      step = step % 7 + 1
+    }
+    #expect(all == split)
+  }
+}

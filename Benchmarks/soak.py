@@ -156,10 +156,14 @@ def main():
     parser.add_argument("--cycles", type=int, default=200_000)
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--ring-events", type=int, default=100_000)
+    parser.add_argument("--ring-events", type=int, default=None,
+                        help="replay ring size; default a tenth of --messages (at most 100,000), so it is full by "
+                             "halfway and the second half measures growth, not the ring filling")
     parser.add_argument("--max-rss-growth-mib", type=float, default=16,
                         help="bound on RSS growth in the second half, once the replay ring is full")
     args = parser.parse_args()
+    if args.ring_events is None:
+        args.ring_events = min(100_000, max(1_000, args.messages // 10))
 
     fixture, fixture_port = start([f"{args.bin}/pollcast-legacy-fixture", "--listen", f"{HOST}:0", "--page-size",
                                    "5000", "--linked-user-id", "none"])

@@ -71,6 +71,7 @@ public final class AcceptGuard {
 
   /// Stops watching; gives back every extra reference. Call after evhttp_free (which frees the connections).
   func release() {
+    // bufferevent_decref answers whether this was the last reference (1) or not (0): not an error code.
     for bufferevent in awaitingRequest.keys { _ = bufferevent_decref(bufferevent) }
     awaitingRequest.removeAll()
     retryTimer = nil
@@ -133,7 +134,8 @@ public final class AcceptGuard {
     if !paused {
       paused = true
       counters.pauses += 1
-      _ = evconnlistener_disable(listener)
+      // Fails only for a listener that is not enabled: then it is not accepting either.
+      _ = try? LibeventCall.check(evconnlistener_disable(listener), "evconnlistener_disable")
       if episodeStart == nil {
         episodeStart = MonotonicClock.seconds()
         retryDelay = 0.1
@@ -177,9 +179,15 @@ public final class AcceptGuard {
   private func retry() {
     guard let listener, let started = episodeStart else { return }
     if paused {
+      do {
+        try LibeventCall.check(evconnlistener_enable(listener), "evconnlistener_enable")
+      } catch {
+        logger.limited(.error, "cannot resume accepting", metadata: ["error": "\(error)"], limiter: &limiter)
+        scheduleRetry()  // still paused: try again later rather than stay deaf
+        return
+      }
       paused = false
       failuresSinceResume = 0
-      _ = evconnlistener_enable(listener)
       scheduleRetry()  // come back to see whether accepting held
       return
     }

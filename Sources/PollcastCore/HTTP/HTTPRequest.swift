@@ -120,7 +120,11 @@ public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used 
     defer { evbuffer_free(buffer) }
     if !body.isEmpty {
       var text = body
-      text.withUTF8 { bytes in _ = evbuffer_add(buffer, bytes.baseAddress, bytes.count) }
+      let added = text.withUTF8 { bytes in evbuffer_add(buffer, bytes.baseAddress, bytes.count) }
+      if added != 0 {
+        evhttp_send_error(raw, 500, nil)  // out of memory: never a truncated body with a 200
+        return
+      }
     }
     evhttp_send_reply(raw, status, reason, buffer)
   }
@@ -133,7 +137,10 @@ public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used 
     for (name, value) in headers { addHeader(name, value) }
     let buffer = evbuffer_new()
     defer { evbuffer_free(buffer) }
-    bytes.withUnsafeBytes { _ = evbuffer_add(buffer, $0.baseAddress, $0.count) }
+    if bytes.withUnsafeBytes({ evbuffer_add(buffer, $0.baseAddress, $0.count) }) != 0 {
+      evhttp_send_error(raw, 500, nil)  // out of memory: never a truncated body
+      return
+    }
     evhttp_send_reply(raw, status, reason, buffer)
   }
 

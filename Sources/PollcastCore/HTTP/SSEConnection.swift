@@ -69,24 +69,31 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
       let sent = Glibc.send(socket, slice.block.base + slice.offset, slice.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL))
       if sent == slice.count { return }
       if sent > 0 {
-        addReference(
-          to: ByteSlice(block: slice.block, offset: slice.offset + sent, count: slice.count - sent), in: output)
+        let rest = ByteSlice(block: slice.block, offset: slice.offset + sent, count: slice.count - sent)
+        // A stream with a hole in it must not go on: drop it, the client resumes with Last-Event-ID.
+        if !addReference(to: rest, in: output) { abort() }
         return
       }
       // EAGAIN: the socket is full; any other error: let the bufferevent meet it and close the connection.
     }
-    addReference(to: slice, in: output)
+    if !addReference(to: slice, in: output) { abort() }
   }
 
   func write(_ slices: [ByteSlice]) {
     guard isOpen, let request else { return }
-    stage(slices)
+    guard stage(slices) else {
+      abort()
+      return
+    }
     evhttp_send_reply_chunk(request, scratch.raw)
   }
 
   func write(_ slices: [ByteSlice], whenDrained drained: @escaping () -> Void) {
     guard isOpen, let request else { return }
-    stage(slices)
+    guard stage(slices) else {
+      abort()
+      return
+    }
     self.drained = drained
     // The callback gets `self` unretained: evhttp calls it only while the connection, and so the retain held
     // by the close callback, is alive.
@@ -94,15 +101,30 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
       request, scratch.raw, sseConnectionDrained, Unmanaged.passUnretained(self).toOpaque())
   }
 
-  private func stage(_ slices: [ByteSlice]) {
-    for slice in slices where slice.count > 0 { addReference(to: slice, in: scratch.raw) }
+  /// Assembles the slices in the shared scratch buffer; false (scratch emptied) when one cannot be added.
+  private func stage(_ slices: [ByteSlice]) -> Bool {
+    for slice in slices where slice.count > 0 {
+      guard addReference(to: slice, in: scratch.raw) else {
+        evbuffer_drain(scratch.raw, evbuffer_get_length(scratch.raw))
+        return false
+      }
+    }
+    return true
   }
 
   /// Appends `slice` to `buffer` as a reference to the shared block, never a copy. The reference holds one retain
   /// on the block; sharedBytesReleased gives it back when libevent frees that chain.
-  private func addReference(to slice: ByteSlice, in buffer: OpaquePointer) {
+  @discardableResult
+  private func addReference(to slice: ByteSlice, in buffer: OpaquePointer) -> Bool {
     let owner = Unmanaged.passRetained(slice.block).toOpaque()
-    evbuffer_add_reference(buffer, slice.block.base + slice.offset, slice.count, sharedBytesReleased, owner)
+    let added = evbuffer_add_reference(
+      buffer, slice.block.base + slice.offset, slice.count, sharedBytesReleased, owner)
+    guard added == 0 else {
+      // Out of memory: the bytes are not queued, so libevent will never release the block.
+      Unmanaged<SharedBytes>.fromOpaque(owner).release()
+      return false
+    }
+    return true
   }
 
   func finish() {

@@ -85,7 +85,8 @@ public actor LegacyFixture {
     let listener = HTTPListener(loop: loop) { [weak self] request in
       self?.assumeIsolated { $0.route(request) }
     }
-    try listener.start(socket: socket, limits: .init(maxBodyBytes: 4 << 20, timeout: 600))
+    // The hang-up watch keeps evhttp's close callback across a connection's requests: no keep-alive deadline.
+    try listener.start(socket: socket, limits: .init(maxBodyBytes: 4 << 20, timeout: 600, keepAliveDeadline: false))
     self.listener = listener
   }
 

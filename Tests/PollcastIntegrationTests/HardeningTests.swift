@@ -251,6 +251,65 @@ import Testing
       #expect(client.status == 200)
     }
   }
+
+  /// The deadline holds for every request on a keep-alive connection, not only the first: a client that gets
+  /// one answer and then dribbles its next request (or sits idle) is closed; one that keeps sending complete
+  /// requests is not; a stream is never held to it.
+  @Test func aKeepAliveConnectionThatDribblesItsNextRequestIsClosed() async throws {
+    try await RelayHarness.start(
+      server: ServerSettings(host: "127.0.0.1", port: 0, timeout: 30, headerTimeout: 0.6)
+    ).run { harness in
+      let request = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+      func answered(_ client: TestSSEClient, _ count: Int) throws {
+        let deadline = MonotonicClock.seconds() + 5 * timingFactor
+        var text = ""
+        while MonotonicClock.seconds() < deadline {
+          var descriptor = pollfd(fd: client.fd, events: Int16(POLLIN), revents: 0)
+          guard poll(&descriptor, 1, 50) > 0 else { continue }
+          var chunk = [UInt8](repeating: 0, count: 4096)
+          let read = recv(client.fd, &chunk, chunk.count, 0)
+          guard read > 0 else { throw TestSSEClient.Failure(description: "closed after \(text)") }
+          text += String(decoding: chunk[0..<read], as: UTF8.self)
+          if text.components(separatedBy: "HTTP/1.1 200").count - 1 >= count { return }
+        }
+        throw TestSSEClient.Failure(description: "no answer: \(text)")
+      }
+      // Honest keep-alive: a complete request every 0.3 s for 2 s, all answered on one connection.
+      let honest = try TestSSEClient(rawPort: harness.port)
+      for round in 1...7 {
+        try honest.send(request)
+        try answered(honest, 1)
+        if round < 7 { try await Task.sleep(for: .milliseconds(300)) }
+      }
+      // A stream is never cut by the deadline.
+      let stream = try TestSSEClient(port: harness.port)
+      try stream.waitForHead()
+      // Dribbler: one answer, then one header byte every 100 ms.
+      let slow = try TestSSEClient(rawPort: harness.port)
+      try slow.send(request)
+      try answered(slow, 1)
+      let started = MonotonicClock.seconds()
+      var closed = false
+      for byte in "GET /healthz HTTP/1.1\r\nX-Slow: abcdefghijklmnopqrstuvwxyz0123456789".utf8 {
+        if (try? slow.sendBytes([byte])) == nil || (try? slow.pump(timeout: 0.1)) == false {
+          closed = true
+          break
+        }
+      }
+      if !closed { try slow.waitForEOF(timeout: 5) }
+      let took = MonotonicClock.seconds() - started
+      #expect(took < 3 * timingFactor, "the dribbling keep-alive connection lived \(took) s")
+      // Idle after an answer: closed as well.
+      let idle = try TestSSEClient(rawPort: harness.port)
+      try idle.send(request)
+      try answered(idle, 1)
+      try idle.waitForEOF(timeout: 5 * timingFactor)
+      let counters = await harness.relay.server.protectionCounters
+      #expect(counters.accept.headerTimeouts >= 2)
+      try stream.pump(timeout: 0.2)
+      #expect(!stream.isEOF, "the stream was cut")
+    }
+  }
 }
 
 /// What came back for raw request bytes: every status line's code, the whole text, and whether the server closed.

@@ -12,7 +12,9 @@ import Foundation
 ///   when accepting works again.
 /// - **Header deadline.** evhttp's timeout restarts with every byte, so a client sending one header byte a
 ///   second holds its descriptor forever. Every accepted connection is tracked from its first byte until its
-///   first request is complete; one still incomplete after `headerTimeout` is shut down.
+///   first request is complete; one still incomplete after `headerTimeout` is shut down. A keep-alive connection
+///   is tracked again once its answer is sent, until its next request is complete: a connection that dribbles its
+///   second request, or sits idle between requests, gets the same deadline.
 public final class AcceptGuard {
   public struct Counters: Sendable {
     /// Times accepting was paused at the descriptor limit.
@@ -39,7 +41,19 @@ public final class AcceptGuard {
   /// Connections whose first request is not complete yet: bufferevent → accept time. Each holds one extra
   /// reference (bufferevent_incref), so its descriptor stays ours until we let go: a descriptor number is never
   /// shut down after the kernel gave it to another connection.
-  private var awaitingRequest: [OpaquePointer: Double] = [:]
+  private var awaitingRequest: [OpaquePointer: FirstRequest] = [:]
+
+  /// Where a connection tracked for its first request stands.
+  private enum FirstRequest {
+    /// Accepted at this monotonic time; no complete request yet.
+    case waiting(since: Double)
+    /// Shut down for missing the deadline; kept only until evhttp frees it and our reference can go.
+    case shutDown
+  }
+  /// Keep-alive connections between an answer and their next complete request: evhttp connection → deadline.
+  /// No extra reference: evhttp's close callback (set when the entry is made) removes the entry when the
+  /// connection is freed, so a pointer here is always a live connection.
+  private var awaitingNextRequest: [OpaquePointer: Double] = [:]
 
   init(loop: EventLoop, logger: Logger, headerTimeout: Double) {
     self.loop = loop
@@ -74,6 +88,7 @@ public final class AcceptGuard {
     // bufferevent_decref answers whether this was the last reference (1) or not (0): not an error code.
     for bufferevent in awaitingRequest.keys { _ = bufferevent_decref(bufferevent) }
     awaitingRequest.removeAll()
+    awaitingNextRequest.removeAll()
     retryTimer = nil
     sweepTimer = nil
     listener = nil
@@ -87,22 +102,45 @@ public final class AcceptGuard {
     loop.assertOnLoop()
     guard let bufferevent = bufferevent_socket_new(base, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else { return nil }
     bufferevent_incref(bufferevent)
-    awaitingRequest[bufferevent] = MonotonicClock.seconds()
+    awaitingRequest[bufferevent] = .waiting(since: MonotonicClock.seconds())
     return bufferevent
   }
 
   /// A request on this connection is complete: it is no longer at risk of never finishing one.
   func requestArrived(on connection: OpaquePointer) {
+    awaitingNextRequest[connection] = nil
     guard let bufferevent = evhttp_connection_get_bufferevent(connection),
       awaitingRequest.removeValue(forKey: bufferevent) != nil
     else { return }
     _ = bufferevent_decref(bufferevent)
   }
 
+  /// This connection's answer is out and evhttp keeps it for another request: that request must be complete
+  /// within `headerTimeout` too. Its close callback (evhttp keeps one per connection) ends the tracking; a stream
+  /// that starts later on the connection replaces the callback after `requestArrived` ended it.
+  func awaitNextRequest(on connection: OpaquePointer) {
+    loop.assertOnLoop()
+    awaitingNextRequest[connection] = MonotonicClock.seconds() + headerTimeout
+    evhttp_connection_set_closecb(connection, acceptGuardConnectionClosed, Unmanaged.passUnretained(self).toOpaque())
+  }
+
+  fileprivate func connectionClosed(_ connection: OpaquePointer) {
+    awaitingNextRequest[connection] = nil
+  }
+
   private func sweep() {
-    guard !awaitingRequest.isEmpty else { return }
     let now = MonotonicClock.seconds()
-    for (bufferevent, accepted) in awaitingRequest {
+    for (connection, deadline) in awaitingNextRequest where now > deadline {
+      // Idle or dribbling past the deadline: end it the same way (evhttp reads EOF and frees the connection).
+      awaitingNextRequest[connection] = nil
+      counters.headerTimeouts += 1
+      if let bufferevent = evhttp_connection_get_bufferevent(connection) {
+        let fd = bufferevent_getfd(bufferevent)
+        if fd >= 0 { Glibc.shutdown(fd, Int32(SHUT_RDWR)) }
+      }
+    }
+    guard !awaitingRequest.isEmpty else { return }
+    for (bufferevent, state) in awaitingRequest {
       var eventCallback: bufferevent_event_cb?
       bufferevent_getcb(bufferevent, nil, nil, &eventCallback, nil)
       if eventCallback == nil {
@@ -110,13 +148,13 @@ public final class AcceptGuard {
         // is left; dropping it frees the bufferevent and closes the descriptor.
         awaitingRequest[bufferevent] = nil
         _ = bufferevent_decref(bufferevent)
-      } else if now - accepted > headerTimeout {
+      } else if case .waiting(let accepted) = state, now - accepted > headerTimeout {
         // Still open, still no complete request: end it. evhttp reads EOF and frees the connection; the next
         // sweep drops our reference.
         counters.headerTimeouts += 1
         let fd = bufferevent_getfd(bufferevent)
         if fd >= 0 { Glibc.shutdown(fd, Int32(SHUT_RDWR)) }
-        awaitingRequest[bufferevent] = now + 3600  // not again; the sweep after evhttp frees it drops it
+        awaitingRequest[bufferevent] = .shutDown  // the sweep after evhttp frees it drops our reference
       }
     }
   }
@@ -223,6 +261,17 @@ private let acceptGuardError: @convention(c) (OpaquePointer?, UnsafeMutableRawPo
   let error = errno
   guard let http, let guardian = AcceptGuard.lookup(http) else { return }
   guardian.acceptFailed(error)
+}
+
+/// evhttp's close callback for keep-alive connections the guard tracks: `context` is the guard, alive while
+/// evhttp is (evhttp_free frees the connections, calling this, before the guard is released). The connection may
+/// also carry a `ClosingConnections` mark (a CONNECT answer sets it before the guard's callback replaces it).
+let acceptGuardConnectionClosed: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = {
+  connection, context in
+  guard let connection else { return }
+  ClosingConnections.forget(connection)
+  guard let context else { return }
+  Unmanaged<AcceptGuard>.fromOpaque(context).takeUnretainedValue().connectionClosed(connection)
 }
 
 /// evhttp's bufferevent factory: `context` is the listener's `AcceptGuard`, alive while evhttp is (both go in

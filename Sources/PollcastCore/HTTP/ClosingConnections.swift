@@ -20,7 +20,7 @@ enum ClosingConnections {
     return marked.withLock { $0.contains(key) }
   }
 
-  fileprivate static func forget(_ connection: OpaquePointer) {
+  static func forget(_ connection: OpaquePointer) {
     let key = UInt(bitPattern: Int(bitPattern: UnsafeRawPointer(connection)))
     _ = marked.withLock { $0.remove(key) }
   }

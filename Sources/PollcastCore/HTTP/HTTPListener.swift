@@ -12,11 +12,18 @@ public final class HTTPListener: @unchecked Sendable {
     public var backlog: Int
     /// A connection must complete its first request within this many seconds.
     public var headerTimeout: Double
+    /// Whether a keep-alive connection must also complete each later request within `headerTimeout` of its
+    /// previous answer. The guard then owns evhttp's close callback between requests (evhttp keeps one per
+    /// connection): a handler that sets its own close callback on a connection which goes on to carry further
+    /// requests (the fixture's hang-up watch) must turn this off. Streams and connections that close after
+    /// their answer are unaffected.
+    public var keepAliveDeadline: Bool
 
     public init(
       maxHeaderBytes: Int = 16 << 10, maxBodyBytes: Int = 1 << 20, timeout: Double = 60, backlog: Int = 4096,
-      headerTimeout: Double = 10
+      headerTimeout: Double = 10, keepAliveDeadline: Bool = true
     ) {
+      self.keepAliveDeadline = keepAliveDeadline
       self.maxHeaderBytes = maxHeaderBytes
       self.maxBodyBytes = maxBodyBytes
       self.timeout = timeout
@@ -78,6 +85,7 @@ public final class HTTPListener: @unchecked Sendable {
       | EVHTTP_REQ_CONNECT.rawValue | EVHTTP_REQ_PATCH.rawValue | unknownMethod
     evhttp_set_allowed_methods(http, UInt16(everyMethod))
     let acceptGuard = AcceptGuard(loop: loop, logger: logger, headerTimeout: limits.headerTimeout)
+    keepAliveDeadline = limits.keepAliveDeadline
     // Unretained: the guard lives as long as evhttp (both are freed in close/deinit, evhttp first).
     evhttp_set_bevcb(http, acceptGuardBufferevent, Unmanaged.passUnretained(acceptGuard).toOpaque())
     // Unretained: evhttp (and so this callback) is freed in stopAccepting/deinit, before self goes away.
@@ -115,8 +123,27 @@ public final class HTTPListener: @unchecked Sendable {
 
   fileprivate func dispatch(_ request: HTTPRequest) {
     loop.assertOnLoop()
-    if let connection = request.connection { acceptGuard?.requestArrived(on: connection) }
+    let connection = request.connection
+    if let connection { acceptGuard?.requestArrived(on: connection) }
+    streamStarted = false
     handler(request)
+    // A complete answer went out and evhttp keeps the connection for another request: that request gets the
+    // header deadline too. A stream (or a connection marked to close) is not idle.
+    if let connection, keepAliveDeadline, !streamStarted, !ClosingConnections.isMarked(connection) {
+      acceptGuard?.awaitNextRequest(on: connection)
+    }
+  }
+
+  private var keepAliveDeadline = true
+  /// Set by `responseStaysOpen()` during the handler.
+  private var streamStarted = false
+
+  /// The handler calls this when the request it is handling is not answered completely before the handler
+  /// returns (a stream, or an answer parked for later), so its connection is not held to the deadline between
+  /// requests.
+  public func responseStaysOpen() {
+    loop.assertOnLoop()
+    streamStarted = true
   }
 }
 

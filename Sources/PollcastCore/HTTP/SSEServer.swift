@@ -239,6 +239,7 @@ public actor SSEServer {
     // Streams end only when the server ends them; closing lets evhttp free the connection with the reply.
     request.addHeader("Connection", "close")
     let sink = SSEConnection(request: request.raw, connection: connection, scratch: scratch, loop: loop)
+    listener?.responseStaysOpen()
     sink.begin()
     openStreams += 1
     let subscriber = feed.assumeIsolated { feed in

@@ -9,7 +9,8 @@ extension Configuration {
     .int("server.max_body_bytes", \.server.maxBodyBytes, "Largest request body accepted."),
     .double(
       "server.header_timeout_seconds", \.server.headerTimeoutSeconds,
-      "A connection must complete each request within this time of connecting or of its previous answer (slowloris guard; also ends idle keep-alive)."),
+      "A connection must complete each request within this time of connecting or of its previous answer (slowloris guard; also ends idle keep-alive)."
+    ),
     .int(
       "server.descriptor_reserve", \.server.descriptorReserve,
       "File descriptors kept for health checks and the upstream: new streams are refused (503) within it."),

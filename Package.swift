@@ -21,9 +21,14 @@ let package = Package(
       pkgConfig: "libcurl",
       providers: [.apt(["libcurl4-openssl-dev"])]
     ),
+    .systemLibrary(
+      name: "CJWT",
+      pkgConfig: "libjwt",
+      providers: [.apt(["libjwt-dev"])]
+    ),
     .target(
       name: "PollcastCore",
-      dependencies: ["CLibevent", "CCurl"]
+      dependencies: ["CLibevent", "CCurl", "CJWT"]
     ),
     .target(
       name: "LegacyFixture",

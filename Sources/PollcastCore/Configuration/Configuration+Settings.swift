@@ -24,6 +24,40 @@ extension Configuration {
     .double(
       "server.shutdown_deadline_seconds", \.server.shutdownDeadlineSeconds,
       "On SIGTERM, the longest wait for streams to flush before exiting."),
+    .int(
+      "server.max_connections", \.server.maxConnections,
+      "Streams open at once overall (503 beyond); 0: 90 % of what the descriptor limit leaves after the reserve."),
+    .int(
+      "server.max_connections_per_address", \.server.maxConnectionsPerAddress,
+      "Streams open at once from one client address (429 beyond); 0 no limit."),
+    .int(
+      "server.max_connections_per_subject", \.server.maxConnectionsPerSubject,
+      "Streams open at once per token subject (sub) or account (429 beyond); 0 no limit."),
+    .list(
+      "server.trusted_proxies", \.server.trustedProxies,
+      "Proxy addresses or CIDR blocks whose X-Forwarded-For is believed; every other sender's is ignored."),
+    .string(
+      "auth.mode", \.auth.mode,
+      "Who may read what: none (anyone, every stream) or jwt (a signed token naming its streams)."),
+    .string(
+      "auth.cookie_name", \.auth.cookieName,
+      "Cookie holding the credential (after Authorization: Bearer), for EventSource with withCredentials."),
+    .bool(
+      "auth.allow_query_token", \.auth.allowQueryToken,
+      "Also accept the credential as ?access_token= (it can end up in proxy logs; off by default)."),
+    .int(
+      "auth.max_failures_per_minute", \.auth.maxFailuresPerMinute,
+      "Failed credential checks one address may make per minute before it gets 429; 0 no limit."),
+    .string("auth.jwt.algorithm", \.auth.jwt.algorithm, "HS256, RS256 or ES256; tokens signed otherwise are refused."),
+    .string(
+      "auth.jwt.key_file", \.auth.jwt.keyFile,
+      "HS256: file holding the secret (32+ bytes); RS256/ES256: PEM public key file."),
+    .string(
+      "auth.jwt.keys_directory", \.auth.jwt.keysDirectory,
+      "Directory of <kid>.pem / <kid>.key files, selected by the token's kid (key rotation)."),
+    .string("auth.jwt.audience", \.auth.jwt.audience, "Required aud claim; empty: aud is not checked."),
+    .double(
+      "auth.jwt.leeway_seconds", \.auth.jwt.leewaySeconds, "Clock skew allowed when checking exp and nbf."),
     .list(
       "cors.allowed_origins", \.cors.allowedOrigins,
       "Origins allowed to read the streams cross-origin (exact https://host[:port], or *)."),

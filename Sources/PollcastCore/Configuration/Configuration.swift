@@ -14,9 +14,18 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var descriptorReserve = 64
     public var shutdownSpreadSeconds = 0.0
     public var shutdownDeadlineSeconds = 10.0
+    /// 0: automatic, 90 % of what the descriptor limit leaves after the reserve.
+    public var maxConnections = 0
+    public var maxConnectionsPerAddress = 1000
+    public var maxConnectionsPerSubject = 32
+    public var trustedProxies: [String] = []
 
     enum CodingKeys: String, CodingKey {
       case listen, backlog
+      case maxConnections = "max_connections"
+      case maxConnectionsPerAddress = "max_connections_per_address"
+      case maxConnectionsPerSubject = "max_connections_per_subject"
+      case trustedProxies = "trusted_proxies"
       case shutdownSpreadSeconds = "shutdown_spread_seconds"
       case shutdownDeadlineSeconds = "shutdown_deadline_seconds"
       case maxHeaderBytes = "max_header_bytes"
@@ -111,6 +120,36 @@ public struct Configuration: Codable, Sendable, Equatable {
     }
   }
 
+  public struct Auth: Codable, Sendable, Equatable {
+    public struct JWT: Codable, Sendable, Equatable {
+      public var algorithm = "HS256"
+      public var keyFile = ""
+      public var keysDirectory = ""
+      public var audience = ""
+      public var leewaySeconds = 30.0
+
+      enum CodingKeys: String, CodingKey {
+        case algorithm, audience
+        case keyFile = "key_file"
+        case keysDirectory = "keys_directory"
+        case leewaySeconds = "leeway_seconds"
+      }
+    }
+
+    public var mode = "none"
+    public var cookieName = "pollcast_token"
+    public var allowQueryToken = false
+    public var maxFailuresPerMinute = 30
+    public var jwt = JWT()
+
+    enum CodingKeys: String, CodingKey {
+      case mode, jwt
+      case cookieName = "cookie_name"
+      case allowQueryToken = "allow_query_token"
+      case maxFailuresPerMinute = "max_failures_per_minute"
+    }
+  }
+
   public struct Generic: Codable, Sendable, Equatable {
     public var urlTemplate = ""
     public var eventsPointer = ""
@@ -132,6 +171,7 @@ public struct Configuration: Codable, Sendable, Equatable {
   }
 
   public var server = Server()
+  public var auth = Auth()
   public var cors = CORS()
   public var sse = SSE()
   public var ring = Ring()
@@ -143,7 +183,8 @@ public struct Configuration: Codable, Sendable, Equatable {
 }
 
 extension Configuration {
-  /// The server settings this configuration describes (call after `validate()` passed).
+  /// The server settings this configuration describes (call after `validate()` passed); `access.jwt` is filled
+  /// by `jwtSettings()`, which reads the key files.
   public var serverSettings: ServerSettings {
     let address = (try? ListenAddress.parse(server.listen)) ?? ListenAddress(host: "127.0.0.1", port: 8080)
     return ServerSettings(
@@ -151,7 +192,13 @@ extension Configuration {
       maxBodyBytes: server.maxBodyBytes, timeout: server.timeoutSeconds, backlog: server.backlog,
       headerTimeout: server.headerTimeoutSeconds, descriptorReserve: server.descriptorReserve,
       cors: CORSPolicy(
-        allowedOrigins: cors.allowedOrigins, allowCredentials: cors.allowCredentials, maxAge: cors.maxAgeSeconds))
+        allowedOrigins: cors.allowedOrigins, allowCredentials: cors.allowCredentials, maxAge: cors.maxAgeSeconds),
+      access: AccessSettings(
+        jwt: nil, cookieName: auth.cookieName, allowQueryToken: auth.allowQueryToken,
+        admission: Admission.Limits(
+          maxConnections: server.maxConnections, maxPerAddress: server.maxConnectionsPerAddress,
+          maxPerSubject: server.maxConnectionsPerSubject, maxFailuresPerMinute: auth.maxFailuresPerMinute),
+        trustedProxies: server.trustedProxies.compactMap(AddressBlock.init)))
   }
 
   public var feedSettings: FeedSettings {
@@ -232,6 +279,17 @@ extension Configuration {
     if Logger.Format(rawValue: log.format) == nil {
       problems.append("log.format: \"\(log.format)\" is not logfmt or json")
     }
+    if server.maxConnections < 0 { problems.append("server.max_connections: must not be negative (0: automatic)") }
+    if server.maxConnectionsPerAddress < 0 {
+      problems.append("server.max_connections_per_address: must not be negative (0: no limit)")
+    }
+    if server.maxConnectionsPerSubject < 0 {
+      problems.append("server.max_connections_per_subject: must not be negative (0: no limit)")
+    }
+    for proxy in server.trustedProxies where AddressBlock(proxy) == nil {
+      problems.append("server.trusted_proxies: \"\(proxy)\" is not an IP address or CIDR block")
+    }
+    problems += authProblems()
     problems += upstreamProblems()
     return problems
   }
@@ -371,4 +429,42 @@ public struct ConfigurationError: Error, CustomStringConvertible, Sendable, Equa
   public init(_ problem: String) { problems = [problem] }
   public init(problems: [String]) { self.problems = problems }
   public var description: String { problems.joined(separator: "\n") }
+}
+
+extension Configuration {
+  func authProblems() -> [String] {
+    var problems: [String] = []
+    if auth.cookieName.isEmpty || auth.cookieName.contains(where: { " ;=,\t\"".contains($0) }) {
+      problems.append("auth.cookie_name: \"\(auth.cookieName)\" is not a cookie name")
+    }
+    if auth.maxFailuresPerMinute < 0 { problems.append("auth.max_failures_per_minute: must not be negative") }
+    switch auth.mode {
+    case "none":
+      break
+    case "jwt":
+      if JWTVerifier.Algorithm(rawValue: auth.jwt.algorithm) == nil {
+        problems.append("auth.jwt.algorithm: \"\(auth.jwt.algorithm)\" is not HS256, RS256 or ES256")
+      }
+      if auth.jwt.keyFile.isEmpty && auth.jwt.keysDirectory.isEmpty {
+        problems.append("auth.jwt.key_file: auth.mode jwt needs a key file or auth.jwt.keys_directory")
+      }
+      if !(auth.jwt.leewaySeconds >= 0 && auth.jwt.leewaySeconds <= 600) {
+        problems.append("auth.jwt.leeway_seconds: must be between 0 and 600")
+      }
+    case "upstream":
+      problems.append(
+        "auth.mode: \"upstream\" (per-user relaying) is not available in this version yet; use none or jwt")
+    default:
+      problems.append("auth.mode: \"\(auth.mode)\" is not none or jwt")
+    }
+    return problems
+  }
+
+  /// What `auth.mode = jwt` verifies with, its key files read (call after `validate()` passed).
+  public func jwtSettings() throws(ConfigurationError) -> JWTSettings? {
+    guard auth.mode == "jwt", let algorithm = JWTVerifier.Algorithm(rawValue: auth.jwt.algorithm) else { return nil }
+    return try JWTSettings.load(
+      algorithm: algorithm, keyFile: auth.jwt.keyFile, keysDirectory: auth.jwt.keysDirectory,
+      audience: auth.jwt.audience.isEmpty ? nil : auth.jwt.audience, leeway: auth.jwt.leewaySeconds)
+  }
 }

@@ -61,13 +61,22 @@ public actor Feed {
     }
     timer.schedule(after: settings.heartbeatInterval / Double(Feed.heartbeatSlices))
     heartbeatTimer = timer
-    if let age = settings.maxConnectionAge {
-      let check = LoopTimer(loop: loop, repeating: true) { [weak self] in
-        self?.assumeIsolated { $0.endAgedConnections() }
-      }
-      check.schedule(after: min(1, max(0.05, age / 4)))
-      ageTimer = check
+    started = true
+    if subscribers.contains(where: { $0.endsAt != nil || $0.expiresAt != nil }) { startEndTimer() }
+  }
+
+  private var started = false
+
+  /// The timer that ends streams at their maximum age or their token's expiry: started with the first stream
+  /// that has either. A tick costs one comparison until the earliest end is due.
+  private func startEndTimer() {
+    guard started, ageTimer == nil else { return }
+    let period = min(0.25, max(0.05, (settings.maxConnectionAge ?? 1) / 4))
+    let check = LoopTimer(loop: loop, repeating: true) { [weak self] in
+      self?.assumeIsolated { $0.endDueConnections() }
     }
+    check.schedule(after: period)
+    ageTimer = check
   }
 
   public func statistics() -> FeedStatistics {
@@ -207,7 +216,13 @@ public actor Feed {
   /// - Parameters:
   ///   - requestedID: the raw `Last-Event-ID` (or query parameter) value, if any.
   ///   - streams: the streams asked for with `?stream=`; nil for all.
-  public func attach(sink: SubscriberSink, requestedID: String?, streams: Set<String>?) -> Subscriber {
+  /// - Parameter expiry: when the subscriber's credential expires (monotonic seconds, and the Unix time the
+  ///   credential named): the stream then ends with a `token-expired` event, and the client reconnects with a
+  ///   fresh credential and its Last-Event-ID.
+  public func attach(
+    sink: SubscriberSink, requestedID: String?, streams: Set<String>?,
+    expiry: (monotonic: Double, unix: Double)? = nil
+  ) -> Subscriber {
     let decision = ResumeDecision.decide(requested: requestedID, floorID: ring.floorID, headID: ids.head)
     let subscriber = Subscriber(
       streams: streams, sink: sink, cursor: ids.head, mode: .live)
@@ -216,6 +231,14 @@ public actor Feed {
         settings.maxConnectionAgeJitter > 0
         ? Double.random(in: 0...settings.maxConnectionAgeJitter, using: &ageRandom) : 0
       subscriber.endsAt = MonotonicClock.seconds() + age + jitter
+    }
+    if let expiry {
+      subscriber.expiresAt = expiry.monotonic
+      subscriber.expiredAtUnix = expiry.unix
+    }
+    if let end = [subscriber.endsAt, subscriber.expiresAt].compactMap({ $0 }).min() {
+      nextEnd = min(nextEnd, end)
+      startEndTimer()
     }
     subscriber.registryIndex = subscribers.count
     subscribers.append(subscriber)
@@ -347,16 +370,39 @@ public actor Feed {
 
   /// Ends the streams that reached their maximum age, so their clients reconnect (and resume) elsewhere or
   /// later: a comment says why, then the stream ends cleanly.
-  private func endAgedConnections() {
+  ///
+  /// A stream whose credential expired ends the same way, with a last `event: token-expired` (no id, so the
+  /// client's Last-Event-ID stays that of the last event it got) whose data says when:
+  /// `{"reason":"token_expired","expired_at":"<exp>"}`. The client fetches a new token and reconnects.
+  private func endDueConnections() {
     let now = MonotonicClock.seconds()
-    let aged = subscribers.filter { ($0.endsAt ?? .infinity) <= now }
-    guard !aged.isEmpty else { return }
+    guard now >= nextEnd else { return }
+    var due: [Subscriber] = []
+    var next = Double.infinity
+    for subscriber in subscribers {
+      let end = min(subscriber.endsAt ?? .infinity, subscriber.expiresAt ?? .infinity)
+      if end <= now { due.append(subscriber) } else { next = min(next, end) }
+    }
+    nextEnd = next
+    guard !due.isEmpty else { return }
     let notice = ByteSlice(SSEEncoder.comment("maximum connection age reached: reconnect with Last-Event-ID"))
-    for subscriber in aged {
-      stats.agedOut += 1
-      end(subscriber, with: notice)
+    for subscriber in due {
+      if let expiresAt = subscriber.expiresAt, expiresAt <= now {
+        stats.tokenExpiries += 1
+        let data = JSONText.object([
+          "reason": JSONText.quoted("token_expired"),
+          "expired_at": JSONText.quoted(String(Int64(subscriber.expiredAtUnix ?? 0))),
+        ])
+        end(subscriber, with: ByteSlice(SSEEncoder.event(id: nil, type: "token-expired", data: data)))
+      } else {
+        stats.agedOut += 1
+        end(subscriber, with: notice)
+      }
     }
   }
+
+  /// The earliest maximum age or expiry among the subscribers (infinity when none has one).
+  private var nextEnd = Double.infinity
 
   private func end(_ subscriber: Subscriber, with notice: ByteSlice) {
     remove(subscriber)
@@ -372,6 +418,7 @@ public actor Feed {
     heartbeatTimer?.cancel()
     heartbeatTimer = nil
     ageTimer = nil
+    started = false
     let last = ByteSlice(SSEEncoder.comment(comment))
     var pending = subscribers.shuffled(using: &ageRandom)
     let total = pending.count

@@ -60,6 +60,8 @@ public struct FeedStatistics: Sendable, Equatable {
   public var agedOut = 0
   /// Heartbeat comments written (idle streams only).
   public var heartbeatsSent = 0
+  /// Streams ended because their token expired.
+  public var tokenExpiries = 0
   public var bytesQueued = 0
   public var ringEvents = 0
   public var ringBytes = 0

@@ -33,6 +33,9 @@ public final class Subscriber: @unchecked Sendable {
   public internal(set) var isClosed = false
   /// Monotonic time at which the maximum connection age ends this stream; nil without one.
   var endsAt: Double?
+  /// When its credential expires (monotonic), and the Unix time the credential named.
+  var expiresAt: Double?
+  var expiredAtUnix: Double?
   var registryIndex = -1
   /// Monotonic time of the last fan-out write (events, status, heartbeat): a busy stream needs no heartbeat.
   var lastWrite = 0.0

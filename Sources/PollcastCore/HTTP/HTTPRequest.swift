@@ -35,6 +35,15 @@ public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used 
     }
   }
 
+  /// The peer's IP address, as evhttp saw it.
+  public var peerAddress: String? {
+    guard let connection else { return nil }
+    var address: UnsafeMutablePointer<CChar>?
+    var port: UInt16 = 0
+    evhttp_connection_get_peer(connection, &address, &port)
+    return address.map { String(cString: $0) }
+  }
+
   /// The request target as sent (path and query, still percent-encoded).
   public var uri: String {
     guard let uri = evhttp_request_get_uri(raw) else { return "" }

@@ -19,6 +19,13 @@ public actor SSEServer {
   private let logger: Logger
   /// Extra routes (`/metrics`, `/readyz`, …) served by other components: path → handler.
   private var routes: [String: Route] = [:]
+  /// `auth.mode = jwt`: the token verifier (nil with `none`).
+  private let verifier: JWTVerifier?
+  private var admission: Admission
+  private let addresses: ClientAddressResolver
+  private var retryRandom = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
+  /// Refused credentials by reason (`missing`, `expired`, …).
+  private var authFailures: [String: Int] = [:]
 
   /// A handler for a plain (non-streaming) endpoint: returns status, content type and body.
   public struct Route: Sendable {
@@ -40,6 +47,9 @@ public actor SSEServer {
     self.feed = feed
     self.settings = settings
     self.logger = logger
+    verifier = settings.access.jwt.map { JWTVerifier(settings: $0) }
+    admission = Admission(limits: settings.access.admission)
+    addresses = ClientAddressResolver(trusted: settings.access.trustedProxies)
   }
 
   public func addRoute(_ path: String, _ route: Route) {
@@ -59,6 +69,12 @@ public actor SSEServer {
     self.listener = listener
     let limit = descriptorSoftLimit()
     if limit > 0 { descriptorLimit = limit }
+    if admission.limits.maxConnections == 0 {
+      // Automatic: streams stop being admitted well before descriptors run out (health checks, the upstream,
+      // and connections still in their first request keep the rest).
+      let usable = (limit > 0 ? limit : 1024) - settings.descriptorReserve
+      admission.limits.maxConnections = max(1, Int(Double(usable) * 0.9))
+    }
     return listener.address
   }
 
@@ -70,10 +86,24 @@ public actor SSEServer {
     public var accept = AcceptGuard.Counters()
     /// Streams refused because their descriptor fell inside the reserve.
     public var reserveRefusals = 0
+    /// Streams refused by admission control, by reason.
+    public var admissionRefusals: [Admission.Refusal: Int] = [:]
+    /// Credentials refused, by reason.
+    public var authFailures: [String: Int] = [:]
+    /// Token signature checks done, and those answered from the cache.
+    public var tokenVerifications = 0
+    public var tokenCacheHits = 0
+    /// The overall stream cap in force (automatic or configured).
+    public var maxConnections = 0
+    public var authMode = "none"
   }
 
   public var protectionCounters: ProtectionCounters {
-    ProtectionCounters(accept: listener?.acceptCounters ?? .init(), reserveRefusals: reserveRefusals)
+    ProtectionCounters(
+      accept: listener?.acceptCounters ?? .init(), reserveRefusals: reserveRefusals,
+      admissionRefusals: admission.refusals, authFailures: authFailures,
+      tokenVerifications: verifier?.verifications ?? 0, tokenCacheHits: verifier?.cacheHits ?? 0,
+      maxConnections: admission.limits.maxConnections, authMode: settings.access.mode)
   }
 
   /// Stops accepting, ends every stream with a last comment, waits for them to flush (up to `deadline`
@@ -211,6 +241,48 @@ public actor SSEServer {
       }
     }
     let requestedID = request.header("Last-Event-ID") ?? queryLastID
+    // Who is asking, and what may it read (auth.mode), before anything about the feed is said.
+    let address = addresses.resolve(
+      peer: request.peerAddress ?? "unknown", forwardedFor: request.header("X-Forwarded-For"))
+    let monotonic = MonotonicClock.seconds()
+    if let refusal = admission.throttled(address, now: monotonic) {
+      refuse(request, refusal, cors: cors, retryBase: admission.throttleRemaining(address, now: monotonic) / 2)
+      return
+    }
+    var subject: String?
+    var expiry: (monotonic: Double, unix: Double)?
+    if let verifier {
+      guard
+        let (credential, _) = CredentialExtractor.extract(
+          authorization: request.header("Authorization"), cookie: request.header("Cookie"), query: query,
+          cookieName: settings.access.cookieName, allowQuery: settings.access.allowQueryToken)
+      else {
+        authFailures["missing", default: 0] += 1
+        unauthorized(request, reason: "missing", message: missingCredentialMessage, cors: cors)
+        return
+      }
+      let now = Date().timeIntervalSince1970
+      switch verifier.verify(credential, now: now) {
+      case .failure(let rejection):
+        authFailures[rejection.code, default: 0] += 1
+        admission.recordFailure(address, now: monotonic)
+        unauthorized(request, reason: rejection.code, message: rejection.message, cors: cors)
+        return
+      case .success(let claims):
+        subject = claims.subject
+        expiry = (monotonic + (claims.expiresAt + verifier.leeway - now), claims.expiresAt)
+        if let allowed = claims.streams {
+          if let asked = streams {
+            if let outside = asked.subtracting(allowed).sorted().first {
+              forbidden(request, stream: outside, cors: cors)
+              return
+            }
+          } else {
+            streams = allowed
+          }
+        }
+      }
+    }
     let head = feed.assumeIsolated { $0.headID }
     request.addHeader("Content-Type", "text/event-stream; charset=utf-8")
     request.addHeader("Cache-Control", "no-cache, no-store, no-transform")
@@ -236,6 +308,10 @@ public actor SSEServer {
         headers: [("Retry-After", String(Int.random(in: 2...10))), ("Connection", "close")])
       return
     }
+    if let refusal = admission.admit(address: address, subject: subject) {
+      refuse(request, refusal, cors: cors, retryBase: refusal == .maxConnections ? 5 : 10)
+      return
+    }
     // Streams end only when the server ends them; closing lets evhttp free the connection with the reply.
     request.addHeader("Connection", "close")
     let sink = SSEConnection(request: request.raw, connection: connection, scratch: scratch, loop: loop)
@@ -243,14 +319,66 @@ public actor SSEServer {
     sink.begin()
     openStreams += 1
     let subscriber = feed.assumeIsolated { feed in
-      feed.attach(sink: sink, requestedID: requestedID, streams: streams)
+      feed.attach(sink: sink, requestedID: requestedID, streams: streams, expiry: expiry)
     }
     sink.onClose = { [weak self] in
       self?.assumeIsolated { server in
         server.openStreams -= 1
+        server.admission.release(address: address, subject: subject)
         server.feed.assumeIsolated { $0.detach(subscriber) }
       }
     }
+  }
+
+  private var missingCredentialMessage: String {
+    "a token is required: Authorization: Bearer <token>, or the cookie \(settings.access.cookieName)"
+      + (settings.access.allowQueryToken ? ", or ?access_token=<token>" : "")
+  }
+
+  /// 401 with `WWW-Authenticate: Bearer` and a JSON body naming the reason. The credential is never echoed.
+  private func unauthorized(_ request: HTTPRequest, reason: String, message: String, cors: [(String, String)]) {
+    let challenge =
+      reason == "missing"
+      ? "Bearer realm=\"pollcast\""
+      : "Bearer realm=\"pollcast\", error=\"invalid_token\", error_description=\"\(reason)\""
+    let body = JSONText.object([
+      "error": JSONText.quoted(reason == "missing" ? "missing_token" : "invalid_token"),
+      "reason": JSONText.quoted(reason), "message": JSONText.quoted(message),
+    ])
+    request.respond(
+      status: 401, reason: "Unauthorized", contentType: "application/json", body: body + "\n",
+      headers: cors + [("WWW-Authenticate", challenge), ("Cache-Control", "no-store")])
+  }
+
+  private func forbidden(_ request: HTTPRequest, stream: String, cors: [(String, String)]) {
+    let body = JSONText.object([
+      "error": JSONText.quoted("forbidden_stream"), "stream": JSONText.quoted(String(stream.prefix(256))),
+      "message": JSONText.quoted("the token does not grant this stream"),
+    ])
+    request.respond(
+      status: 403, reason: "Forbidden", contentType: "application/json", body: body + "\n",
+      headers: cors + [("Cache-Control", "no-store")])
+  }
+
+  /// 503 (the server is full) or 429 (this client's share is used up), with a jittered Retry-After.
+  private func refuse(_ request: HTTPRequest, _ refusal: Admission.Refusal, cors: [(String, String)], retryBase: Double)
+  {
+    let retry = Admission.retryAfter(base: retryBase, random: &retryRandom)
+    let message =
+      switch refusal {
+      case .maxConnections: "the relay is at its stream limit: retry later"
+      case .perAddress: "too many streams from this address"
+      case .perSubject: "too many streams for this subject"
+      case .authThrottled: "too many failed credential checks from this address"
+      }
+    let body = JSONText.object([
+      "error": JSONText.quoted(refusal.rawValue), "message": JSONText.quoted(message),
+      "retry_after": String(retry),
+    ])
+    request.respond(
+      status: refusal.status, reason: refusal.status == 503 ? "Service Unavailable" : "Too Many Requests",
+      contentType: "application/json", body: body + "\n",
+      headers: cors + [("Retry-After", String(retry)), ("Cache-Control", "no-store")])
   }
 }
 

@@ -20,12 +20,15 @@ public struct ServerSettings: Sendable, Equatable {
   /// descriptor falls inside the reserve (above the soft limit minus this) is refused with 503.
   public var descriptorReserve: Int
   public var cors: CORSPolicy
+  /// Who may read what, and how many streams each may hold.
+  public var access: AccessSettings
 
   public init(
     host: String = "127.0.0.1", port: Int = 8080, maxHeaderBytes: Int = 16 << 10, maxURLBytes: Int = 12 << 10,
     maxBodyBytes: Int = 64 << 10, timeout: Double = 60, backlog: Int = 4096, headerTimeout: Double = 10,
-    descriptorReserve: Int = 64, cors: CORSPolicy = CORSPolicy()
+    descriptorReserve: Int = 64, cors: CORSPolicy = CORSPolicy(), access: AccessSettings = AccessSettings()
   ) {
+    self.access = access
     self.headerTimeout = headerTimeout
     self.descriptorReserve = descriptorReserve
     self.host = host
@@ -37,4 +40,28 @@ public struct ServerSettings: Sendable, Equatable {
     self.backlog = backlog
     self.cors = cors
   }
+}
+
+/// Authentication and admission for `/events`.
+public struct AccessSettings: Sendable, Equatable {
+  /// nil: `auth.mode = none`.
+  public var jwt: JWTSettings?
+  public var cookieName: String
+  public var allowQueryToken: Bool
+  /// `maxConnections` 0 here means automatic (from the descriptor limit, at start).
+  public var admission: Admission.Limits
+  public var trustedProxies: [AddressBlock]
+
+  public init(
+    jwt: JWTSettings? = nil, cookieName: String = "pollcast_token", allowQueryToken: Bool = false,
+    admission: Admission.Limits = .init(), trustedProxies: [AddressBlock] = []
+  ) {
+    self.jwt = jwt
+    self.cookieName = cookieName
+    self.allowQueryToken = allowQueryToken
+    self.admission = admission
+    self.trustedProxies = trustedProxies
+  }
+
+  public var mode: String { jwt == nil ? "none" : "jwt" }
 }

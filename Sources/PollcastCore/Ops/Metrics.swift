@@ -53,7 +53,28 @@ public enum Metrics {
       one(
         "pollcast_descriptor_reserve_refusals_total", "counter",
         "Streams refused (503) because the descriptor limit was near.", protection.reserveRefusals)
+      metric(
+        "pollcast_admission_refusals_total", "counter",
+        "Streams refused by admission control: max_connections (503), per_address, per_subject, auth_throttled (429).",
+        Admission.Refusal.allCases.map {
+          ("{reason=\"\($0.rawValue)\"}", String(protection.admissionRefusals[$0] ?? 0))
+        })
+      one(
+        "pollcast_max_connections", "gauge", "The overall stream cap in force (server.max_connections or automatic).",
+        protection.maxConnections)
+      metric(
+        "pollcast_auth_failures_total", "counter", "Credentials refused (401), by reason.",
+        protection.authFailures.keys.sorted().map { ("{reason=\"\($0)\"}", String(protection.authFailures[$0]!)) })
+      one(
+        "pollcast_auth_token_verifications_total", "counter", "Token signature checks done (cache misses).",
+        protection.tokenVerifications)
+      one(
+        "pollcast_auth_token_cache_hits_total", "counter", "Token checks answered from the verification cache.",
+        protection.tokenCacheHits)
     }
+    one(
+      "pollcast_token_expiries_total", "counter", "Streams ended with token-expired because their token expired.",
+      stats.tokenExpiries)
     if let loopLag {
       metric(
         "pollcast_event_loop_lag_seconds", "gauge", "How late the event loop ran its last probe timer.",

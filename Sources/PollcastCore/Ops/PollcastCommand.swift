@@ -62,6 +62,8 @@ public enum PollcastCommand {
             ? "generic.url_template is required for the generic adapter"
             : "upstream.url is required (--upstream-url URL), or run --demo against the embedded fixture")
       }
+      // The key files are read now, so a missing or wrong key is a configuration error, not a late failure.
+      if !options.printConfig { _ = try configuration.jwtSettings() }
     } catch {
       printError("Error: invalid configuration:\n" + error.problems.map { "  - \($0)" }.joined(separator: "\n") + "\n")
       return exitConfig

@@ -121,8 +121,10 @@ public final class Relay: Sendable {
       ? Upstream(
         adapter: configuration.makeAdapter(), settings: configuration.workerSettings,
         apiKey: configuration.upstream.apiKey, maxBodyBytes: configuration.upstream.maxBodyBytes) : nil
+    var server = configuration.serverSettings
+    server.access.jwt = try configuration.jwtSettings()
     return try await start(
-      server: configuration.serverSettings, feed: configuration.feedSettings, logger: configuration.logger,
+      server: server, feed: configuration.feedSettings, logger: configuration.logger,
       upstream: upstream, shutdownSpread: configuration.server.shutdownSpreadSeconds)
   }
 

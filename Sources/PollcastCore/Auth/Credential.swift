@@ -1,0 +1,106 @@
+import Foundation
+
+/// Where a subscriber's credential came from. The credential itself is never logged, counted by value or echoed.
+public enum CredentialSource: String, Sendable {
+  case header = "authorization"
+  case cookie
+  case query
+}
+
+/// Finds a subscriber's credential, in DESIGN's order: `Authorization: Bearer …`, then the cookie named
+/// `cookieName`, then the `access_token` query parameter when `allowQuery` is set.
+public enum CredentialExtractor {
+  public static func extract(
+    authorization: String?, cookie: String?, query: [(String, String)], cookieName: String, allowQuery: Bool
+  ) -> (credential: String, source: CredentialSource)? {
+    if let authorization {
+      let trimmed = authorization.trimmingCharacters(in: .whitespaces)
+      if trimmed.count > 7, trimmed.prefix(7).lowercased() == "bearer " {
+        let value = trimmed.dropFirst(7).trimmingCharacters(in: .whitespaces)
+        if !value.isEmpty { return (value, .header) }
+      }
+    }
+    if let cookie, let value = cookieValue(cookie, name: cookieName), !value.isEmpty {
+      return (value, .cookie)
+    }
+    if allowQuery, let value = query.first(where: { $0.0 == "access_token" })?.1, !value.isEmpty {
+      return (value, .query)
+    }
+    return nil
+  }
+
+  /// The value of cookie `name` in a `Cookie:` header (`a=1; b=2`), surrounding quotes removed.
+  static func cookieValue(_ header: String, name: String) -> String? {
+    for pair in header.split(separator: ";") {
+      let parts = pair.split(separator: "=", maxSplits: 1)
+      guard parts.count == 2, parts[0].trimmingCharacters(in: .whitespaces) == name else { continue }
+      var value = parts[1].trimmingCharacters(in: .whitespaces)
+      if value.count >= 2, value.hasPrefix("\""), value.hasSuffix("\"") { value = String(value.dropFirst().dropLast()) }
+      return value
+    }
+    return nil
+  }
+}
+
+/// An IP address or a CIDR block (`10.0.0.0/8`, `::1`, `fd00::/8`), for the trusted proxy list.
+public struct AddressBlock: Sendable, Equatable {
+  let bytes: [UInt8]
+  let prefix: Int
+
+  public init?(_ text: String) {
+    let parts = text.split(separator: "/", maxSplits: 1)
+    guard let first = parts.first, let bytes = AddressBlock.parse(String(first)) else { return nil }
+    let width = bytes.count * 8
+    if parts.count == 2 {
+      guard let prefix = Int(parts[1]), (0...width).contains(prefix) else { return nil }
+      self.prefix = prefix
+    } else {
+      prefix = width
+    }
+    self.bytes = bytes
+  }
+
+  /// The 4 or 16 bytes of an address; an IPv4-mapped IPv6 address (`::ffff:1.2.3.4`) counts as IPv4.
+  static func parse(_ text: String) -> [UInt8]? {
+    var v4 = in_addr()
+    if inet_pton(AF_INET, text, &v4) == 1 { return withUnsafeBytes(of: &v4) { Array($0) } }
+    var v6 = in6_addr()
+    guard inet_pton(AF_INET6, text, &v6) == 1 else { return nil }
+    let bytes = withUnsafeBytes(of: &v6) { Array($0) }
+    if bytes[0..<10].allSatisfy({ $0 == 0 }) && bytes[10] == 0xFF && bytes[11] == 0xFF { return Array(bytes[12...]) }
+    return bytes
+  }
+
+  public func contains(_ address: String) -> Bool {
+    guard let other = AddressBlock.parse(address), other.count == bytes.count else { return false }
+    var remaining = prefix
+    for index in 0..<bytes.count where remaining > 0 {
+      let bits = min(8, remaining)
+      let mask = UInt8(truncatingIfNeeded: 0xFF << (8 - bits))
+      if bytes[index] & mask != other[index] & mask { return false }
+      remaining -= bits
+    }
+    return true
+  }
+}
+
+/// Which address a request comes from: the peer, or, when the peer is a trusted proxy, the right-most address
+/// in `X-Forwarded-For` that is not itself a trusted proxy. A header from anyone else is ignored, so a client
+/// cannot pick its own address to dodge the per-address limits.
+public struct ClientAddressResolver: Sendable {
+  public let trusted: [AddressBlock]
+
+  public init(trusted: [AddressBlock]) { self.trusted = trusted }
+
+  public func isTrusted(_ address: String) -> Bool { trusted.contains { $0.contains(address) } }
+
+  public func resolve(peer: String, forwardedFor: String?) -> String {
+    guard !trusted.isEmpty, isTrusted(peer), let forwardedFor else { return peer }
+    let hops = forwardedFor.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+    for hop in hops.reversed() {
+      guard AddressBlock.parse(hop) != nil else { return peer }  // garbage: believe nothing further left
+      if !isTrusted(hop) { return hop }
+    }
+    return hops.first.flatMap { AddressBlock.parse($0) != nil ? $0 : nil } ?? peer
+  }
+}

@@ -299,3 +299,66 @@ import Testing
     }
   }
 }
+
+/// 15,000 TCP connections that never send a request, against the relay as its own process at the descriptor limit
+/// it raises itself to: a real subscriber still connects and receives, `/healthz` still answers, and nothing
+/// pauses or is shed.
+@Suite(.serialized, .timeLimit(.minutes(5))) struct IdleConnectionFloodTests {
+  @Test func fifteenThousandIdleConnectionsDoNotKeepASubscriberOut() async throws {
+    var limit = rlimit()
+    getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    // Both ends live on this machine: the test holds one descriptor per connection and the relay another; each
+    // process raises its soft limit to the hard one.
+    let hard = Int(clamping: limit.rlim_max)
+    limit.rlim_cur = limit.rlim_max
+    setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    let count = min(15_000, hard - 1_500)
+    try #require(count >= 5_000, "the descriptor limit here (\(hard)) is too low for this test")
+    if count < 15_000 { print("descriptor hard limit \(hard): flooding with \(count) idle connections") }
+    let errorLog = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-idleflood-\(getpid()).log")
+    #expect(FileManager.default.createFile(atPath: errorLog.path, contents: nil))
+    defer { try? FileManager.default.removeItem(at: errorLog) }
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: builtProduct("pollcast"))
+    // The header deadline is long, so the idle connections stay for the whole test: the subscriber gets in by
+    // headroom, not because the idle ones were closed.
+    process.arguments = [
+      "--demo", "--listen", "127.0.0.1:0", "--server-header-timeout-seconds", "300", "--sse-heartbeat-seconds", "5",
+    ]
+    let out = Pipe()
+    process.standardOutput = out
+    process.standardError = try FileHandle(forWritingTo: errorLog)
+    try process.run()
+    defer { if process.isRunning { process.terminate() } }
+    let port = try #require(
+      listeningPort(of: out), "the relay did not start: \((try? String(contentsOf: errorLog, encoding: .utf8)) ?? "")")
+    var idle: [TestSSEClient] = []
+    idle.reserveCapacity(count)
+    let started = MonotonicClock.seconds()
+    for _ in 0..<count { idle.append(try TestSSEClient(rawPort: port)) }
+    print("opened \(count) idle connections in \(String(format: "%.1f", MonotonicClock.seconds() - started)) s")
+    // The relay has accepted them all (its descriptors are in use), none sent a byte.
+    let accepted = MonotonicClock.seconds() + 20 * timingFactor
+    while openDescriptors(process.processIdentifier) < count && MonotonicClock.seconds() < accepted {
+      try await Task.sleep(for: .milliseconds(100))
+    }
+    #expect(openDescriptors(process.processIdentifier) >= count)
+    let subscriber = try TestSSEClient(port: port)
+    try subscriber.waitForHead(timeout: 10)
+    #expect(subscriber.status == 200)
+    try subscriber.waitUntil(timeout: 20 * timingFactor, "a demo message") { !$0.messageIDs.isEmpty }
+    let health = try rawExchange(port: port, "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    #expect(health.statuses == [200])
+    let metrics = try httpGet(port: port, "/metrics").body
+    #expect(metrics.contains("pollcast_accept_pauses_total 0"))
+    #expect(metrics.contains("pollcast_descriptor_reserve_refusals_total 0"))
+    idle.removeAll()
+    kill(process.processIdentifier, SIGTERM)
+    process.waitUntilExit()
+  }
+}
+
+/// Descriptors a process has open (entries in /proc/PID/fd).
+func openDescriptors(_ pid: Int32) -> Int {
+  (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd"))?.count ?? 0
+}

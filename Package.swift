@@ -40,7 +40,7 @@ let package = Package(
     ),
     .target(
       name: "PollcastBench",
-      dependencies: ["PollcastCore", "CLibevent"]
+      dependencies: ["PollcastCore", "CLibevent", "CJWT"]
     ),
     .executableTarget(
       name: "pollcast-bench",

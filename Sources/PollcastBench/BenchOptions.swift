@@ -22,6 +22,8 @@ public struct BenchOptions: Sendable {
   public var sources = 4
   public var label = "relay"
   public var connectBatch = 500
+  /// `ALG:KEYFILE`: give every subscriber its own signed token (`Authorization: Bearer`).
+  public var mintTokens: String?
 
   public static let usage = """
     USAGE: pollcast-bench --target URL [--inject fixture:URL | publish:URL] [--mode fanout|storm|idle]
@@ -34,6 +36,8 @@ public struct BenchOptions: Sendable {
       --mode idle         relay CPU over --idle-seconds (default 60) with N idle subscribers
       --sources K         spread connections over 127.0.0.1…127.0.0.K (default 4)
       --drain-seconds S   wait this long after the last message for stragglers (default 10)
+      --mint-tokens ALG:KEYFILE  every subscriber sends its own JWT (HS256: secret file; RS256/ES256: private
+                          key PEM), signed with libjwt before connecting; reports relay CPU per connect
     The last line is a machine-readable summary: SUMMARY key=value …
     """
 
@@ -76,6 +80,7 @@ public struct BenchOptions: Sendable {
       case "--sources": options.sources = max(1, min(250, Int(try number(name))))
       case "--connect-batch": options.connectBatch = max(1, Int(try number(name)))
       case "--label": options.label = try value(name)
+      case "--mint-tokens": options.mintTokens = try value(name)
       case "--relay-pid":
         options.relayPIDs = try value(name).split(separator: ",").map {
           guard let pid = Int32($0) else { throw BenchError("--relay-pid: not a pid: \($0)") }

@@ -20,6 +20,8 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   private var outOfOrder = 0
   private var foreign = 0
   private var connectedCount = 0
+  /// Per-subscriber tokens (`--mint-tokens`), by index.
+  private var tokens: [String] = []
   private var failedConnects = 0
   private var unexpectedDrops = 0
   private var reconnecting = false
@@ -75,6 +77,11 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     print(
       "pinned: bench on CPUs \(benchAffinity); relay on CPUs \(relayAffinity.isEmpty ? "unknown (no --relay-pid)" : relayAffinity)"
     )
+    if let spec = options.mintTokens {
+      let minted = try BenchTokens.mint(spec: spec, count: options.subscribers)
+      await loop.submit { [self] in tokens = minted }
+      print("minted \(minted.count) tokens (\(spec.split(separator: ":").first ?? ""))")
+    }
     let baseline = ProcessSample.take(options.relayPIDs)
 
     // Connect everyone, in batches so the listen backlog is not flooded.
@@ -107,7 +114,15 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       ("target", options.label), ("mode", options.mode.rawValue), ("n", String(options.subscribers)),
       ("connected", String(connected)), ("connect_s", String(format: "%.3f", connectSeconds)),
     ]
+    if connectSeconds > 0 {
+      summary.append(("connects_per_s", String(format: "%.0f", Double(connected) / connectSeconds)))
+    }
     if let baseline, let afterConnect {
+      let perConnect = (afterConnect.cpuSeconds - baseline.cpuSeconds) / Double(max(1, connected)) * 1e6
+      summary.append(("cpu_us_per_connect", String(format: "%.1f", perConnect)))
+      print(
+        String(
+          format: "relay CPU per connect: %.1f µs (%.0f connects/s)", perConnect, Double(connected) / connectSeconds))
       let perSubscriber = Double(afterConnect.rssBytes - baseline.rssBytes) / Double(max(1, connected))
       summary.append(("rss_kb_per_sub", String(format: "%.2f", perSubscriber / 1024)))
       print(String(format: "relay RSS per subscriber: %.2f KB", perSubscriber / 1024))
@@ -195,7 +210,8 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   private func connect(_ subscriber: BenchSubscriber, lastEventID: [UInt8]?) {
     let source = "127.0.0.\(1 + subscriber.index % options.sources)"
     if !subscriber.connect(
-      loop: loop, source: source, target: target, host: host, path: path, lastEventID: lastEventID)
+      loop: loop, source: source, target: target, host: host, path: path, lastEventID: lastEventID,
+      token: tokens.isEmpty ? nil : tokens[subscriber.index % tokens.count])
     {
       subscriberFailed(subscriber)
     }

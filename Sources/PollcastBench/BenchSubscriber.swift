@@ -25,7 +25,8 @@ final class BenchSubscriber {
 
   /// Connects from `source` to `target` and sends the request; `lastEventID` resumes.
   func connect(
-    loop: EventLoop, source: String, target: sockaddr_in, host: String, path: String, lastEventID: [UInt8]?
+    loop: EventLoop, source: String, target: sockaddr_in, host: String, path: String, lastEventID: [UInt8]?,
+    token: String? = nil
   ) -> Bool {
     scanner = StreamScanner()
     resumedFrom = lastEventID ?? []
@@ -51,6 +52,7 @@ final class BenchSubscriber {
     bufferevent_setcb(bev, benchRead, nil, benchEvent, context)
     bufferevent_enable(bev, pollcast_EV_READ | pollcast_EV_WRITE)
     var request = "GET \(path) HTTP/1.1\r\nHost: \(host)\r\nAccept: text/event-stream\r\nCache-Control: no-cache\r\n"
+    if let token { request += "Authorization: Bearer \(token)\r\n" }
     if let lastEventID, !lastEventID.isEmpty {
       request += "Last-Event-ID: \(String(decoding: lastEventID, as: UTF8.self))\r\n"
     }

@@ -142,6 +142,22 @@ import Testing
       #expect(
         try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer \(unknown)")]).body.contains(
           "unknown_key"))
+      // ES256 checks run off the loop while the request waits: clients that leave before their answer (reset or
+      // close right after sending) cost nothing and break nothing.
+      let token = try minter.mint(
+        alg: "ES256", kid: "2026-12", claims: Self.claims(subject: nil), signer: .ec(privateKey: new.privateKey))
+      for index in 0..<300 {
+        let leaving = try TestSSEClient(
+          port: harness.port, headers: [("Authorization", "Bearer \(token.dropLast(2))\(index % 10)A")])
+        if index % 2 == 0 { leaving.reset() }
+      }
+      let after = try TestSSEClient(port: harness.port, headers: [("Authorization", "Bearer \(token)")])
+      try after.waitForHead()
+      #expect(after.status == 200)
+      #expect(try httpGet(port: harness.port, "/healthz").status == 200)
+      try await harness.waitForSubscribers { $0 == 1 }
+      let counters = await harness.relay.server.protectionCounters
+      #expect(counters.tokenVerifications >= 5)
     }
   }
 

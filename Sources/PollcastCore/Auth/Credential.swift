@@ -14,10 +14,10 @@ public enum CredentialExtractor {
     authorization: String?, cookie: String?, query: [(String, String)], cookieName: String, allowQuery: Bool
   ) -> (credential: String, source: CredentialSource)? {
     if let authorization {
-      let trimmed = authorization.trimmingCharacters(in: .whitespaces)
-      if trimmed.count > 7, trimmed.prefix(7).lowercased() == "bearer " {
-        let value = trimmed.dropFirst(7).trimmingCharacters(in: .whitespaces)
-        if !value.isEmpty { return (value, .header) }
+      let trimmed = trimSpaces(Substring(authorization))
+      if trimmed.utf8.count > 7, trimmed.utf8.prefix(7).map({ $0 | 0x20 }) == Array("bearer ".utf8) {
+        let value = trimSpaces(trimmed.dropFirst(7))
+        if !value.isEmpty { return (String(value), .header) }
       }
     }
     if let cookie, let value = cookieValue(cookie, name: cookieName), !value.isEmpty {
@@ -29,14 +29,22 @@ public enum CredentialExtractor {
     return nil
   }
 
+  /// `text` without leading and trailing spaces and tabs (Foundation's trimming cost ~10 % of a connect).
+  static func trimSpaces(_ text: Substring) -> Substring {
+    var result = text
+    while let first = result.utf8.first, first == 0x20 || first == 0x09 { result = result.dropFirst() }
+    while let last = result.utf8.last, last == 0x20 || last == 0x09 { result = result.dropLast() }
+    return result
+  }
+
   /// The value of cookie `name` in a `Cookie:` header (`a=1; b=2`), surrounding quotes removed.
   static func cookieValue(_ header: String, name: String) -> String? {
     for pair in header.split(separator: ";") {
       let parts = pair.split(separator: "=", maxSplits: 1)
-      guard parts.count == 2, parts[0].trimmingCharacters(in: .whitespaces) == name else { continue }
-      var value = parts[1].trimmingCharacters(in: .whitespaces)
-      if value.count >= 2, value.hasPrefix("\""), value.hasSuffix("\"") { value = String(value.dropFirst().dropLast()) }
-      return value
+      guard parts.count == 2, trimSpaces(parts[0]) == name else { continue }
+      var value = trimSpaces(parts[1])
+      if value.utf8.count >= 2, value.hasPrefix("\""), value.hasSuffix("\"") { value = value.dropFirst().dropLast() }
+      return String(value)
     }
     return nil
   }
@@ -96,7 +104,7 @@ public struct ClientAddressResolver: Sendable {
 
   public func resolve(peer: String, forwardedFor: String?) -> String {
     guard !trusted.isEmpty, isTrusted(peer), let forwardedFor else { return peer }
-    let hops = forwardedFor.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+    let hops = forwardedFor.split(separator: ",").map { String(CredentialExtractor.trimSpaces($0)) }
     for hop in hops.reversed() {
       guard AddressBlock.parse(hop) != nil else { return peer }  // garbage: believe nothing further left
       if !isTrusted(hop) { return hop }

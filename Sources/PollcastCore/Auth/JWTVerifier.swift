@@ -137,11 +137,9 @@ public final class JWTVerifier {
     }
   }
 
-  public let algorithm: Algorithm
-  public let audience: String?
-  public let leeway: Double
-  /// kid → key bytes. The key file's key is under "" (used by tokens without a kid).
-  private let keys: [String: [UInt8]]
+  public let settings: JWTSettings
+  public var algorithm: Algorithm { settings.algorithm }
+  public var leeway: Double { settings.leeway }
   /// Longest token looked at; longer ones are refused unread.
   public static let maxTokenBytes = 8192
 
@@ -154,48 +152,92 @@ public final class JWTVerifier {
   private let seed = Int.random(in: .min ... .max)
   public private(set) var verifications = 0
   public private(set) var cacheHits = 0
+  /// Signature checks running off the loop now, and the most allowed at once (more are refused with 503).
+  public private(set) var inFlight = 0
+  public let maxInFlight: Int
+  /// Where RS256/ES256 checks run: one thread, so a flood of tokens costs at most one core and the loop keeps the
+  /// other for fan-out.
+  private static let checks = DispatchQueue(label: "pollcast.token-checks", qos: .userInitiated)
 
   public init(
-    algorithm: Algorithm, keys: [String: [UInt8]], audience: String?, leeway: Double, cacheLimit: Int = 10_000
+    algorithm: Algorithm, keys: [String: [UInt8]], audience: String?, leeway: Double, cacheLimit: Int = 10_000,
+    maxInFlight: Int = 512
   ) {
-    self.algorithm = algorithm
-    self.keys = keys
-    self.audience = audience
-    self.leeway = leeway
+    self.settings = JWTSettings(algorithm: algorithm, keys: keys, audience: audience, leeway: leeway)
     self.cacheLimit = cacheLimit
+    self.maxInFlight = maxInFlight
   }
 
-  public convenience init(settings: JWTSettings, cacheLimit: Int = 10_000) {
+  public convenience init(settings: JWTSettings, cacheLimit: Int = 10_000, maxInFlight: Int = 512) {
     self.init(
       algorithm: settings.algorithm, keys: settings.keys, audience: settings.audience, leeway: settings.leeway,
-      cacheLimit: cacheLimit)
+      cacheLimit: cacheLimit, maxInFlight: maxInFlight)
   }
 
-  /// Checks `token` at `now` (seconds since the Unix epoch).
+  /// Whether a signature check costs enough to run off the loop. libjwt 1.10 parses the PEM public key on every
+  /// RS256/ES256 check, which OpenSSL 3 makes cost about 1 ms (measured); HS256 costs tens of µs.
+  public var checksOffLoop: Bool { settings.algorithm != .hs256 }
+
+  /// Checks `token` at `now` (seconds since the Unix epoch), on the calling thread.
   public func verify(_ token: String, now: Double) -> Result<TokenClaims, TokenRejection> {
-    let outcome: Result<TokenClaims, TokenRejection>
+    if let hit = cached(token, now: now) { return hit }
+    verifications += 1
+    let outcome = JWTVerifier.checkSignature(token, settings: settings)
+    remember(token, outcome)
+    return timeChecked(outcome, now: now)
+  }
+
+  /// The answer for `token` at `now` if its signature was checked before.
+  public func cached(_ token: String, now: Double) -> Result<TokenClaims, TokenRejection>? {
+    guard let hit = cache[cacheKey(token)], hit.token == token else { return nil }
+    cacheHits += 1
+    return timeChecked(hit.outcome, now: now)
+  }
+
+  /// Checks `token`'s signature on the checking thread, then its times at `now` on return. Nil when
+  /// `maxInFlight` checks are already waiting: the caller refuses the request (503) rather than queue without bound.
+  public func verifyOffLoop(
+    _ token: String, now: @escaping @Sendable () -> Double, isolation: isolated (any Actor)? = #isolation
+  ) async -> Result<TokenClaims, TokenRejection>? {
+    guard inFlight < maxInFlight else { return nil }
+    inFlight += 1
+    verifications += 1
+    let settings = settings
+    let outcome = await withCheckedContinuation { continuation in
+      JWTVerifier.checks.async { continuation.resume(returning: JWTVerifier.checkSignature(token, settings: settings)) }
+    }
+    inFlight -= 1
+    remember(token, outcome)
+    return timeChecked(outcome, now: now())
+  }
+
+  private func cacheKey(_ token: String) -> Int {
     var hasher = Hasher()
     hasher.combine(seed)
     hasher.combine(token)
-    let key = hasher.finalize()
-    if let hit = cache[key], hit.token == token {
-      cacheHits += 1
-      outcome = hit.outcome
-    } else {
-      verifications += 1
-      outcome = verifySignature(token)
-      if cache.count >= cacheLimit { cache.removeAll(keepingCapacity: true) }
-      // Long tokens are not worth keeping (and bound the table's memory): 10,000 × 2 KiB at most.
-      if token.utf8.count <= 2048 { cache[key] = Verified(token: token, outcome: outcome) }
-    }
+    return hasher.finalize()
+  }
+
+  private func remember(_ token: String, _ outcome: Result<TokenClaims, TokenRejection>) {
+    if cache.count >= cacheLimit { cache.removeAll(keepingCapacity: true) }
+    // Long tokens are not worth keeping (and bound the table's memory): 10,000 × 2 KiB at most.
+    if token.utf8.count <= 2048 { cache[cacheKey(token)] = Verified(token: token, outcome: outcome) }
+  }
+
+  private func timeChecked(_ outcome: Result<TokenClaims, TokenRejection>, now: Double) -> Result<
+    TokenClaims, TokenRejection
+  > {
     guard case .success(let claims) = outcome else { return outcome }
     if now > claims.expiresAt + leeway { return .failure(.expired) }
     if let notBefore = claims.notBefore, now + leeway < notBefore { return .failure(.notYetValid) }
     return .success(claims)
   }
 
-  /// Everything that does not depend on the time: shape, header, key, signature, claims.
-  private func verifySignature(_ token: String) -> Result<TokenClaims, TokenRejection> {
+  /// Everything that does not depend on the time: shape, header, key, signature, claims. Thread-safe (libjwt and
+  /// OpenSSL objects are made per call).
+  static func checkSignature(_ token: String, settings: JWTSettings) -> Result<TokenClaims, TokenRejection> {
+    let algorithm = settings.algorithm
+    let keys = settings.keys
     let utf8 = token.utf8
     guard !utf8.isEmpty else { return .failure(.malformed("empty")) }
     guard utf8.count <= JWTVerifier.maxTokenBytes else {
@@ -210,12 +252,13 @@ public final class JWTVerifier {
       return .failure(.malformed("not three base64url segments"))
     }
     guard let headerBytes = JWTVerifier.base64URLDecode(segments[0]),
-      let header = (try? JSONSerialization.jsonObject(with: headerBytes)) as? [String: Any]
+      let header = try? RawJSON.parse(String(decoding: headerBytes, as: UTF8.self)),
+      case .object = header.value
     else { return .failure(.malformed("the header is not a JSON object")) }
-    guard let alg = header["alg"] as? String else { return .failure(.malformed("the header has no alg")) }
+    guard let alg = header["alg"]?.stringValue else { return .failure(.malformed("the header has no alg")) }
     guard alg == algorithm.rawValue else { return .failure(.wrongAlgorithm(String(alg.prefix(16)))) }
     guard !segments[2].isEmpty else { return .failure(.badSignature) }
-    let kid = header["kid"] as? String
+    let kid = header["kid"]?.stringValue
     guard let key = kid.flatMap({ keys[$0] }) ?? (kid == nil ? keys[""] : nil) ?? (keys.count == 1 ? keys[""] : nil)
     else { return .failure(.unknownKey) }
     var decoded: OpaquePointer?
@@ -227,46 +270,58 @@ public final class JWTVerifier {
     guard jwt_get_alg(jwt) == algorithm.libjwt else { return .failure(.wrongAlgorithm(alg)) }
     guard let grantsText = jwt_get_grants_json(jwt, nil) else { return .failure(.malformed("no claims")) }
     defer { free(grantsText) }
-    guard
-      let claims = (try? JSONSerialization.jsonObject(with: Data(String(cString: grantsText).utf8))) as? [String: Any]
-    else { return .failure(.malformed("the claims are not a JSON object")) }
-    return JWTVerifier.claims(from: claims, audience: audience)
+    guard let claims = try? RawJSON.parse(String(cString: grantsText)), case .object = claims.value else {
+      return .failure(.malformed("the claims are not a JSON object"))
+    }
+    return JWTVerifier.claims(from: claims, audience: settings.audience)
   }
 
-  static func claims(from claims: [String: Any], audience: String?) -> Result<TokenClaims, TokenRejection> {
-    guard let expValue = claims["exp"] else { return .failure(.missingExpiry) }
-    guard let exp = (expValue as? NSNumber)?.doubleValue, exp.isFinite else {
-      return .failure(.malformed("exp is not a number"))
+  static func claims(from claims: RawJSON, audience: String?) -> Result<TokenClaims, TokenRejection> {
+    func number(_ value: RawJSON) -> Double? {
+      guard case .number(let text) = value.value, let number = Double(text), number.isFinite else { return nil }
+      return number
     }
+    guard let expValue = claims["exp"] else { return .failure(.missingExpiry) }
+    guard let exp = number(expValue) else { return .failure(.malformed("exp is not a number")) }
     var notBefore: Double?
     if let nbfValue = claims["nbf"] {
-      guard let nbf = (nbfValue as? NSNumber)?.doubleValue, nbf.isFinite else {
-        return .failure(.malformed("nbf is not a number"))
-      }
+      guard let nbf = number(nbfValue) else { return .failure(.malformed("nbf is not a number")) }
       notBefore = nbf
     }
     if let audience {
-      let audiences = (claims["aud"] as? String).map { [$0] } ?? (claims["aud"] as? [Any])?.compactMap { $0 as? String }
-      guard let audiences, audiences.contains(audience) else { return .failure(.wrongAudience) }
+      var audiences: [String] = []
+      switch claims["aud"]?.value {
+      case .string(let one): audiences = [one]
+      case .array(let many): audiences = many.compactMap(\.stringValue)
+      default: break
+      }
+      guard audiences.contains(audience) else { return .failure(.wrongAudience) }
     }
     guard let streamsValue = claims["streams"] else { return .failure(.badStreams("missing")) }
-    guard let list = streamsValue as? [Any] else { return .failure(.badStreams("not an array")) }
+    guard case .array(let list) = streamsValue.value else { return .failure(.badStreams("not an array")) }
     var streams = Set<String>()
     for item in list {
-      guard let name = item as? String, !name.isEmpty, name.utf8.count <= 256 else {
+      guard let name = item.stringValue, !name.isEmpty, name.utf8.count <= 256 else {
         return .failure(.badStreams("every entry must be a non-empty string"))
       }
       streams.insert(name)
     }
-    let subject = (claims["sub"] as? String).map { String($0.prefix(256)) }
+    let subject = claims["sub"]?.stringValue.map { String($0.prefix(256)) }
     return .success(
       TokenClaims(
         subject: subject, expiresAt: exp, notBefore: notBefore, streams: streams.contains("*") ? nil : streams))
   }
 
+  /// Base64url (no padding) to bytes, through Foundation's base64 decoder.
   static func base64URLDecode(_ text: Substring) -> Data? {
-    var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-    while base64.utf8.count % 4 != 0 { base64 += "=" }
-    return Data(base64Encoded: base64)
+    var bytes = text.utf8.map { byte -> UInt8 in
+      switch byte {
+      case UInt8(ascii: "-"): UInt8(ascii: "+")
+      case UInt8(ascii: "_"): UInt8(ascii: "/")
+      default: byte
+      }
+    }
+    while bytes.count % 4 != 0 { bytes.append(UInt8(ascii: "=")) }
+    return Data(base64Encoded: Data(bytes))
   }
 }

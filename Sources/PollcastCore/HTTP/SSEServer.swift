@@ -249,37 +249,81 @@ public actor SSEServer {
       refuse(request, refusal, cors: cors, retryBase: admission.throttleRemaining(address, now: monotonic) / 2)
       return
     }
+    let ask = StreamAsk(streams: streams, requestedID: requestedID, address: address, cors: cors)
+    guard let verifier else {
+      openStream(request, ask, identity: nil)
+      return
+    }
+    guard
+      let (credential, _) = CredentialExtractor.extract(
+        authorization: request.header("Authorization"), cookie: request.header("Cookie"), query: query,
+        cookieName: settings.access.cookieName, allowQuery: settings.access.allowQueryToken)
+    else {
+      authFailures["missing", default: 0] += 1
+      unauthorized(request, reason: "missing", message: missingCredentialMessage, cors: cors)
+      return
+    }
+    let now = Date().timeIntervalSince1970
+    if let known = verifier.cached(credential, now: now) {
+      openStream(request, ask, identity: known)
+    } else if !verifier.checksOffLoop {
+      openStream(request, ask, identity: verifier.verify(credential, now: now))
+    } else {
+      // RS256/ES256: the check runs on its own thread; the request waits, watched, and the loop goes on.
+      guard let pending = PendingRequest(request, loop: loop) else { return }
+      listener?.responseStaysOpen()
+      Task {
+        let outcome = await verifier.verifyOffLoop(credential, now: { Date().timeIntervalSince1970 })
+        guard let request = pending.resume() else { return }  // the client left meanwhile
+        request.addHeader("Connection", "close")  // no keep-alive deadline was armed for a parked request
+        guard let outcome else {
+          refuseBusy(request, cors: cors)
+          return
+        }
+        openStream(request, ask, identity: outcome)
+      }
+    }
+  }
+
+  /// What a `/events` request asked for, carried across an off-loop credential check.
+  private struct StreamAsk: Sendable {
+    var streams: Set<String>?
+    var requestedID: String?
+    var address: String
+    var cors: [(String, String)]
+  }
+
+  /// Applies the credential check's outcome (nil: `auth.mode = none`), then the descriptor reserve and admission,
+  /// then starts the stream.
+  private func openStream(
+    _ request: HTTPRequest, _ ask: StreamAsk, identity: Result<TokenClaims, TokenRejection>?
+  ) {
+    let cors = ask.cors
+    let address = ask.address
+    var streams = ask.streams
+    let requestedID = ask.requestedID
     var subject: String?
     var expiry: (monotonic: Double, unix: Double)?
-    if let verifier {
-      guard
-        let (credential, _) = CredentialExtractor.extract(
-          authorization: request.header("Authorization"), cookie: request.header("Cookie"), query: query,
-          cookieName: settings.access.cookieName, allowQuery: settings.access.allowQueryToken)
-      else {
-        authFailures["missing", default: 0] += 1
-        unauthorized(request, reason: "missing", message: missingCredentialMessage, cors: cors)
-        return
-      }
+    switch identity {
+    case nil:
+      break
+    case .failure(let rejection)?:
+      authFailures[rejection.code, default: 0] += 1
+      admission.recordFailure(address, now: MonotonicClock.seconds())
+      unauthorized(request, reason: rejection.code, message: rejection.message, cors: cors)
+      return
+    case .success(let claims)?:
+      subject = claims.subject
       let now = Date().timeIntervalSince1970
-      switch verifier.verify(credential, now: now) {
-      case .failure(let rejection):
-        authFailures[rejection.code, default: 0] += 1
-        admission.recordFailure(address, now: monotonic)
-        unauthorized(request, reason: rejection.code, message: rejection.message, cors: cors)
-        return
-      case .success(let claims):
-        subject = claims.subject
-        expiry = (monotonic + (claims.expiresAt + verifier.leeway - now), claims.expiresAt)
-        if let allowed = claims.streams {
-          if let asked = streams {
-            if let outside = asked.subtracting(allowed).sorted().first {
-              forbidden(request, stream: outside, cors: cors)
-              return
-            }
-          } else {
-            streams = allowed
+      expiry = (MonotonicClock.seconds() + (claims.expiresAt + (verifier?.leeway ?? 0) - now), claims.expiresAt)
+      if let allowed = claims.streams {
+        if let asked = streams {
+          if let outside = asked.subtracting(allowed).sorted().first {
+            forbidden(request, stream: outside, cors: cors)
+            return
           }
+        } else {
+          streams = allowed
         }
       }
     }
@@ -328,6 +372,19 @@ public actor SSEServer {
         server.feed.assumeIsolated { $0.detach(subscriber) }
       }
     }
+  }
+
+  /// 503: too many token checks are waiting for the checking thread.
+  private func refuseBusy(_ request: HTTPRequest, cors: [(String, String)]) {
+    authFailures["busy", default: 0] += 1
+    let retry = Admission.retryAfter(base: 2, random: &retryRandom)
+    let body = JSONText.object([
+      "error": JSONText.quoted("busy"), "message": JSONText.quoted("too many token checks waiting: retry later"),
+      "retry_after": String(retry),
+    ])
+    request.respond(
+      status: 503, reason: "Service Unavailable", contentType: "application/json", body: body + "\n",
+      headers: cors + [("Retry-After", String(retry)), ("Cache-Control", "no-store")])
   }
 
   private var missingCredentialMessage: String {

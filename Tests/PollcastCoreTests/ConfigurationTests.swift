@@ -176,6 +176,15 @@ import Testing
     #expect(config.generic.eventsPointer == "/data/items")
   }
 
+  @Test func jwtExampleIsValidAndNamesItsKeyFile() throws {
+    let config = try load("jwt.example.json")
+    #expect(config.auth.mode == "jwt")
+    #expect(config.auth.jwt.algorithm == "ES256")
+    #expect(config.serverSettings.access.trustedProxies.count == 2)
+    // The key file is read at start: a missing one is a configuration error naming it.
+    #expect(throws: ConfigurationError.self) { try config.jwtSettings() }
+  }
+
   @Test func upstreamProblemsAreReported() {
     var config = Configuration()
     config.upstream.adapter = "soap"

@@ -77,6 +77,39 @@ import Testing
 }
 
 @Suite(.timeLimit(.minutes(5))) struct CommandLineUpstreamRequirementTests {
+  /// The README's way: `--auth-mode jwt` with a secret file, a token from `scripts/mint-token.sh` (openssl only),
+  /// streamed with curl; without the token, 401. A missing key file is a configuration error (78).
+  @Test func jwtModeWithATokenFromTheMintScriptStreamsWithCurl() async throws {
+    let minter = try TokenMinter()
+    let secret = try minter.secret()
+    let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+      .deletingLastPathComponent()
+    let mint = try run("/bin/bash", [root.appendingPathComponent("scripts/mint-token.sh").path, secret.path, #"["101"]"#])
+    #expect(mint.code == 0, "\(mint.stderr)")
+    let token = mint.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    let missing = try run(builtProduct("pollcast"), ["--demo", "--auth-mode", "jwt", "--auth-jwt-key-file", "/nonexistent/secret"])
+    #expect(missing.code == 78)
+    #expect(missing.stderr.contains("/nonexistent/secret"))
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: builtProduct("pollcast"))
+    process.arguments = ["--demo", "--listen", "127.0.0.1:0", "--auth-mode", "jwt", "--auth-jwt-key-file", secret.path]
+    let out = Pipe()
+    process.standardOutput = out
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    defer { if process.isRunning { process.terminate() } }
+    let port = try #require(listeningPort(of: out))
+    let refused = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(port)/events"])
+    #expect(refused.stdout == "401")
+    let streamed = try run(
+      "/usr/bin/curl",
+      ["-sN", "--max-time", "6", "-H", "Authorization: Bearer \(token)", "http://127.0.0.1:\(port)/events"], timeout: 15)
+    #expect(streamed.stdout.contains(#""stream":"101""#), "\(streamed.stdout)")
+    #expect(!streamed.stdout.contains(#""stream":"202""#))
+    let page = try run("/usr/bin/curl", ["-s", "http://127.0.0.1:\(port)/"])
+    #expect(page.stdout.contains("openssl dgst -sha256 -hmac"))
+  }
+
   @Test func withoutAnUpstreamTheRelayRefusesToStartAndSaysHow() throws {
     let result = try run(builtProduct("pollcast"), ["--listen", "127.0.0.1:0"])
     #expect(result.code == 78)

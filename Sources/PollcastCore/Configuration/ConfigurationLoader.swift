@@ -67,13 +67,19 @@ public struct ConfigurationLoader {
         problems.append("\(name): \"\(sectionName)\" must be an object")
         continue
       }
-      for key in section.keys.sorted() {
-        let path = "\(sectionName).\(key)"
-        guard let setting = byKey[path] else {
+      apply(section, prefix: sectionName)
+    }
+    // Sections may nest (`auth.jwt.key_file`): an object whose path prefixes settings is walked into.
+    func apply(_ object: [String: JSONValue], prefix: String) {
+      for key in object.keys.sorted() {
+        let path = "\(prefix).\(key)"
+        if let setting = byKey[path] {
+          if let problem = setting.applyJSON(&config, object[key]!) { problems.append("\(path): \(problem)") }
+        } else if case .object(let nested) = object[key]!, byKey.keys.contains(where: { $0.hasPrefix(path + ".") }) {
+          apply(nested, prefix: path)
+        } else {
           problems.append("\(name): unknown key \"\(path)\"")
-          continue
         }
-        if let problem = setting.applyJSON(&config, section[key]!) { problems.append("\(path): \(problem)") }
       }
     }
     return problems

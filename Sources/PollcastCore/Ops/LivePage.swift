@@ -4,7 +4,47 @@
 ///
 /// `window.pollcast` exposes what the page received, for tests and for curious operators.
 public enum LivePage {
-  public static let html = #"""
+  /// The page for `auth.mode = none`.
+  public static var html: String { render(access: AccessSettings()) }
+
+  /// The page; with `auth.mode = jwt` it also explains how a backend mints a token and lets you paste one (it
+  /// goes into the credential cookie, which `EventSource` sends on every reconnect).
+  public static func render(access: AccessSettings) -> String {
+    guard let jwt = access.jwt else { return template.replacingOccurrences(of: "<!--auth-->", with: "") }
+    let cookie = access.cookieName
+    let section = """
+      <details id="auth" open>
+        <summary>This relay wants a signed token (<code>auth.mode = jwt</code>, \(jwt.algorithm.rawValue))</summary>
+        <p>Your backend signs a short-lived JWT naming the streams a user may read; the browser presents it as the
+        cookie <code>\(cookie)</code> (sent by <code>EventSource</code> on every reconnect)\(
+          access.allowQueryToken ? ", or as <code>?access_token=</code>" : ""), and curl as
+        <code>Authorization: Bearer</code>. Claims: <code>exp</code> (required), <code>streams</code>
+        (<code>["101"]</code>, or <code>["*"]</code> for all), optional <code>sub</code>, <code>nbf</code>\(
+          jwt.audience.map { ", and <code>aud</code> = <code>\($0)</code>" } ?? "").</p>
+        <p>HS256 with nothing but <code>openssl</code> (the secret is the relay's <code>auth.jwt.key_file</code>):</p>
+        <pre>b64() { openssl base64 -A | tr '+/' '-_' | tr -d '='; }
+      h=$(printf '{"alg":"HS256","typ":"JWT"}' | b64)
+      p=$(printf '{"sub":"alice","streams":["101"],"exp":%d}' $(( $(date +%s) + 3600 )) | b64)
+      s=$(printf '%s.%s' "$h" "$p" | openssl dgst -sha256 -hmac "$(cat secret)" -binary | b64)
+      echo "$h.$p.$s"</pre>
+        <form id="token-form"><input id="token" size="60" placeholder="paste a token" autocomplete="off">
+        <button>use it</button></form>
+      </details>
+      """
+    let script = """
+      <script>
+      document.getElementById("token-form").addEventListener("submit", (event) => {
+        event.preventDefault();
+        const token = document.getElementById("token").value.trim();
+        document.cookie = "\(cookie)=" + encodeURIComponent(token) + "; path=/; SameSite=Strict";
+        window.location.reload();
+      });
+      </script>
+      """
+    return template.replacingOccurrences(of: "<!--auth-->", with: section + script)
+  }
+
+  static let template = #"""
     <!doctype html>
     <html lang="en">
     <head>
@@ -28,6 +68,8 @@ public enum LivePage {
       li.msg.backlog { background: #f3f4f7; color: #6b7280; font-style: italic; }
       li.msg .meta { font-size: .75rem; color: #6b7280; }
       #notices { padding: 0 1.2rem; }
+      #auth { margin: .6rem 1.2rem 0; font-size: .9rem; }
+      #auth pre { background: #f4f4f4; padding: .5rem; overflow-x: auto; }
       .notice { margin: .6rem 0 0; padding: .5rem .8rem; border-radius: .4rem; background: #fff4e5;
                 border: 1px solid #f0c987; font-size: .9rem; }
       code { font-size: .85rem; }
@@ -41,6 +83,7 @@ public enum LivePage {
       <span>last id <code id="last-id">–</code></span>
       <span>messages <code id="count">0</code></span>
     </header>
+    <!--auth-->
     <div id="notices"></div>
     <main id="streams"></main>
     <script>
@@ -76,7 +119,7 @@ public enum LivePage {
       function remember(event) {
         if (event.lastEventId) { state.lastId = event.lastEventId; $("last-id").textContent = event.lastEventId; }
       }
-      const source = new EventSource("/events" + window.location.search);
+      let source = new EventSource("/events" + window.location.search);
       source.onopen = () => { state.opens += 1; state.connection = "open"; setPill($("connection"), "open"); };
       source.onerror = () => {
         state.errors += 1;
@@ -122,6 +165,13 @@ public enum LivePage {
           if (type === "stream-attached") streamList(String(data.stream));
         });
       }
+      source.addEventListener("token-expired", (event) => {
+        let data = {};
+        try { data = JSON.parse(event.data); } catch (error) {}
+        state.tokenExpired = data;
+        notice("Your token expired (exp " + data.expired_at + "). Get a fresh one: with the cookie, the browser's " +
+               "reconnect then resumes from id " + (state.lastId ?? "–") + " with nothing lost.");
+      });
       source.addEventListener("upstream", (event) => {
         let data = {};
         try { data = JSON.parse(event.data); } catch (error) {}

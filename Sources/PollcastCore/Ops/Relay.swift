@@ -64,7 +64,8 @@ public final class Relay: Sendable {
       worker = try await makeWorker(loop: loop, feed: feed, upstream: upstream, logger: logger)
     }
     let server = SSEServer(loop: loop, feed: feed, settings: serverSettings, logger: logger)
-    await server.addRoute("/", .init { (200, "text/html; charset=utf-8", LivePage.html) })
+    let page = LivePage.render(access: serverSettings.access)
+    await server.addRoute("/", .init { (200, "text/html; charset=utf-8", page) })
     await server.addRoute("/healthz", .init { (200, "application/json", "{\"status\":\"ok\"}\n") })
     await server.addRoute(
       "/readyz",

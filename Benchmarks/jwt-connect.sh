@@ -25,14 +25,15 @@ measure() { # label, relay flags..., -- bench flags...
   bench_flags=("$@")
   for run in $(seq 1 "$runs"); do
     taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 --upstream-url "http://$fixture" --upstream-api-key dev-key \
-      --log-level warning --server-max-connections-per-address 0 "${relay_flags[@]}" >"$work/relay.out" 2>/dev/null &
+      --log-level warning --server-max-connections-per-address 0 "${relay_flags[@]}" >"$work/relay.out" 2>"$work/relay.err" &
     local pid=$!
     until grep -q listening "$work/relay.out" 2>/dev/null; do sleep 0.05; done
     local relay
     relay=$(head -1 "$work/relay.out" | sed 's/listening on //')
     taskset -c 1 "$bin/pollcast-bench" --target "http://$relay/events" --mode idle --idle-seconds 1 \
-      --subscribers "$subscribers" --relay-pid "$pid" "${bench_flags[@]}" >"$work/bench.out" 2>&1 || true
-    kill "$pid"; wait "$pid" 2>/dev/null || true
+      --subscribers "$subscribers" --connect-batch 100 --sources 16 --relay-pid "$pid" "${bench_flags[@]}" >"$work/bench.out" 2>&1 || true
+    if ! kill "$pid" 2>/dev/null; then echo "$label run $run: the relay died:"; tail -30 "$work/relay.err"; fi
+    wait "$pid" 2>/dev/null || true
     local line
     line=$(grep SUMMARY "$work/bench.out" || echo "SUMMARY failed")
     echo "$label run $run: $(echo "$line" | grep -o 'connected=[0-9]*\|connects_per_s=[0-9.]*\|cpu_us_per_connect=[0-9.]*' | tr '\n' ' ')"

@@ -17,6 +17,8 @@ public func pollcastFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
   case "template": FuzzChecks.template(bytes)
   case "config": FuzzChecks.configuration(bytes)
   case "cursor": FuzzChecks.cursorDecision(bytes)
+  case "jwt": FuzzChecks.jwt(bytes)
+  case "credential": FuzzChecks.credential(bytes)
   default: fatalError("unknown POLLCAST_FUZZ_TARGET \(target)")
   }
   return 0
@@ -120,6 +122,46 @@ enum FuzzChecks {
     let url = GenericAdapter.url(template: template, cursor: cursor)
     if !template.contains("{") { precondition(url == template) }
     if template == "{next}" { precondition(url == String(cursor == .max ? cursor : cursor + 1)) }
+  }
+
+  static let jwtSettings = JWTSettings(
+    algorithm: .hs256, keys: ["": Array("0123456789abcdef0123456789abcdef".utf8)], audience: "fuzz", leeway: 30)
+
+  /// Any bytes as a token: refused with a reason (a forged signature never verifies), never a crash; any bytes as
+  /// claims JSON: claims or a reason, and granted streams are never empty names.
+  static func jwt(_ bytes: [UInt8]) {
+    let text = String(decoding: bytes, as: UTF8.self)
+    if case .success = JWTVerifier.checkSignature(text, settings: jwtSettings) {
+      preconditionFailure("a token verified without the key")
+    }
+    let verifier = JWTVerifier(settings: jwtSettings)
+    _ = verifier.verify(text, now: 1_800_000_000)
+    precondition(verifier.cached(text, now: 1_800_000_000) != nil || text.utf8.count > 2048, "not cached")
+    guard let json = try? RawJSON.parse(text) else { return }
+    if case .success(let claims) = JWTVerifier.claims(from: json, audience: "fuzz") {
+      precondition(claims.streams?.contains("") != true, "an empty stream name was granted")
+      precondition(claims.expiresAt.isFinite)
+    }
+  }
+
+  /// Header values split at NULs: Authorization, Cookie, X-Forwarded-For, a trusted block. Extraction and address
+  /// resolution never trap; a resolved address is the peer or parses as an address.
+  static func credential(_ bytes: [UInt8]) {
+    let parts = bytes.split(separator: 0, omittingEmptySubsequences: false).map {
+      String(decoding: $0, as: UTF8.self)
+    }
+    func part(_ index: Int) -> String? { index < parts.count ? parts[index] : nil }
+    if let found = CredentialExtractor.extract(
+      authorization: part(0), cookie: part(1), query: [("access_token", part(2) ?? "")], cookieName: "pollcast_token",
+      allowQuery: true)
+    {
+      precondition(!found.credential.isEmpty, "an empty credential")
+    }
+    let blocks = [part(4), "127.0.0.1", "10.0.0.0/8"].compactMap { $0.flatMap(AddressBlock.init) }
+    let resolver = ClientAddressResolver(trusted: blocks)
+    let address = resolver.resolve(peer: "127.0.0.1", forwardedFor: part(3))
+    precondition(address == "127.0.0.1" || AddressBlock.parse(address) != nil, "resolved to \(address)")
+    for block in blocks { _ = block.contains(part(3) ?? "") }
   }
 
   /// Any file text gives a configuration or a list of problems, never a crash.

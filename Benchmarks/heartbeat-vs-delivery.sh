@@ -16,9 +16,12 @@ until grep -q listening "$work/fixture.out" 2>/dev/null; do sleep 0.05; done
 fixture=$(head -1 "$work/fixture.out" | sed 's/listening on //')
 start_relay() {
   taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 --upstream-url "http://$fixture" --upstream-api-key dev-key \
-    --upstream-poll-timeout-seconds 50 --log-level warning --server-timeout-seconds 600 "$@" >"$work/relay.out" 2>/dev/null &
+    --upstream-poll-timeout-seconds 50 --log-level warning --server-timeout-seconds 600 --server-max-connections-per-address 0 "$@" >"$work/relay.out" 2>/dev/null &
   relay_pid=$!
-  until grep -q listening "$work/relay.out" 2>/dev/null; do sleep 0.05; done
+  until grep -q listening "$work/relay.out" 2>/dev/null; do
+    kill -0 "$relay_pid" 2>/dev/null || { echo "the relay did not start" >&2; exit 1; }
+    sleep 0.05
+  done
   relay=$(head -1 "$work/relay.out" | sed 's/listening on //')
 }
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -34,7 +37,7 @@ for run in $(seq 1 "$runs"); do
   # The window includes connecting 10,000 subscribers; the idle figure the bench prints excludes it.
   idle_pct=$(sed -n 's/.*idle_cpu_pct=\([0-9.]*\).*/\1/p' "$work/idle.out")
   awk -v p="$idle_pct" -v b="$beats" 'BEGIN { printf "run %d heartbeat: %.2f µs of relay CPU each (%d heartbeats, %.3f%% of a core over 45 s)\n", '"$run"', p / 100 * 45 * 1e6 / b, b, p }'
-  start_relay --sse-heartbeat-seconds 3000
+  start_relay --sse-heartbeat-seconds 500
   taskset -c 1 "$bin/pollcast-bench" --target "http://$relay/events" --inject "fixture:http://$fixture" --mode fanout \
     --subscribers 10000 --messages 20 --rate 1 --relay-pid "$relay_pid" >"$work/fanout.out" 2>&1
   kill "$relay_pid"; wait "$relay_pid" 2>/dev/null || true

@@ -27,7 +27,10 @@ measure() { # label, relay flags..., -- bench flags...
     taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 --upstream-url "http://$fixture" --upstream-api-key dev-key \
       --log-level warning --server-max-connections-per-address 0 "${relay_flags[@]}" >"$work/relay.out" 2>"$work/relay.err" &
     local pid=$!
-    until grep -q listening "$work/relay.out" 2>/dev/null; do sleep 0.05; done
+    until grep -q listening "$work/relay.out" 2>/dev/null; do
+      kill -0 "$pid" 2>/dev/null || { echo "the relay did not start: $(cat "$work/relay.err")" >&2; exit 1; }
+      sleep 0.05
+    done
     local relay
     relay=$(head -1 "$work/relay.out" | sed 's/listening on //')
     taskset -c 1 "$bin/pollcast-bench" --target "http://$relay/events" --mode idle --idle-seconds 1 \

@@ -47,7 +47,7 @@ import Testing
     }
     let byName = Dictionary(uniqueKeysWithValues: headers.map { ($0.name, $0.value) })
     #expect(byName["Access-Control-Allow-Origin"] == "https://a.example")
-    #expect(byName["Access-Control-Allow-Headers"] == "Last-Event-ID, Cache-Control")
+    #expect(byName["Access-Control-Allow-Headers"] == "Last-Event-ID, Cache-Control, Authorization")
     #expect(byName["Access-Control-Allow-Methods"] == "GET, HEAD, OPTIONS")
     #expect(byName["Access-Control-Max-Age"] == "120")
     #expect(byName["Vary"] == "Origin")

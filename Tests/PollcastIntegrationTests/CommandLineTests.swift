@@ -84,10 +84,12 @@ import Testing
     let secret = try minter.secret()
     let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
       .deletingLastPathComponent()
-    let mint = try run("/bin/bash", [root.appendingPathComponent("scripts/mint-token.sh").path, secret.path, #"["101"]"#])
+    let mint = try run(
+      "/bin/bash", [root.appendingPathComponent("scripts/mint-token.sh").path, secret.path, #"["101"]"#])
     #expect(mint.code == 0, "\(mint.stderr)")
     let token = mint.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-    let missing = try run(builtProduct("pollcast"), ["--demo", "--auth-mode", "jwt", "--auth-jwt-key-file", "/nonexistent/secret"])
+    let missing = try run(
+      builtProduct("pollcast"), ["--demo", "--auth-mode", "jwt", "--auth-jwt-key-file", "/nonexistent/secret"])
     #expect(missing.code == 78)
     #expect(missing.stderr.contains("/nonexistent/secret"))
     let process = Process()
@@ -99,11 +101,13 @@ import Testing
     try process.run()
     defer { if process.isRunning { process.terminate() } }
     let port = try #require(listeningPort(of: out))
-    let refused = try run("/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(port)/events"])
+    let refused = try run(
+      "/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(port)/events"])
     #expect(refused.stdout == "401")
     let streamed = try run(
       "/usr/bin/curl",
-      ["-sN", "--max-time", "6", "-H", "Authorization: Bearer \(token)", "http://127.0.0.1:\(port)/events"], timeout: 15)
+      ["-sN", "--max-time", "6", "-H", "Authorization: Bearer \(token)", "http://127.0.0.1:\(port)/events"], timeout: 15
+    )
     #expect(streamed.stdout.contains(#""stream":"101""#), "\(streamed.stdout)")
     #expect(!streamed.stdout.contains(#""stream":"202""#))
     let page = try run("/usr/bin/curl", ["-s", "http://127.0.0.1:\(port)/"])

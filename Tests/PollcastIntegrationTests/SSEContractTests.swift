@@ -213,7 +213,7 @@ import Testing
       try allowed.waitForHead()
       #expect(allowed.status == 204)
       #expect(allowed.headers["access-control-allow-origin"] == "https://app.example")
-      #expect(allowed.headers["access-control-allow-headers"] == "Last-Event-ID, Cache-Control")
+      #expect(allowed.headers["access-control-allow-headers"] == "Last-Event-ID, Cache-Control, Authorization")
       #expect(allowed.headers["vary"] == "Origin")
       let refused = try TestSSEClient(
         port: harness.port, method: "OPTIONS",

@@ -29,7 +29,8 @@ extension Configuration {
       "Streams open at once overall (503 beyond); 0: 90 % of what the descriptor limit leaves after the reserve."),
     .int(
       "server.max_connections_per_address", \.server.maxConnectionsPerAddress,
-      "Streams open at once from one client address (429 beyond); 0 no limit."),
+      "Streams open at once from one client address (429 beyond); 0 no limit (behind a proxy, set trusted_proxies first)."
+    ),
     .int(
       "server.max_connections_per_subject", \.server.maxConnectionsPerSubject,
       "Streams open at once per token subject (sub) or account (429 beyond); 0 no limit."),

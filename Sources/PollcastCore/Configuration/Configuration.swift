@@ -16,7 +16,7 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var shutdownDeadlineSeconds = 10.0
     /// 0: automatic, 90 % of what the descriptor limit leaves after the reserve.
     public var maxConnections = 0
-    public var maxConnectionsPerAddress = 1000
+    public var maxConnectionsPerAddress = 0
     public var maxConnectionsPerSubject = 32
     public var trustedProxies: [String] = []
 

@@ -12,7 +12,7 @@ public struct CORSPolicy: Sendable, Equatable {
   public var maxAge: Int
 
   /// Request headers a cross-origin page may send.
-  public static let allowedRequestHeaders = ["Last-Event-ID", "Cache-Control"]
+  public static let allowedRequestHeaders = ["Last-Event-ID", "Cache-Control", "Authorization"]
   public static let allowedMethods = ["GET", "HEAD", "OPTIONS"]
   /// Response headers a cross-origin page may read.
   public static let exposedHeaders = ["X-Pollcast-Head-Id"]

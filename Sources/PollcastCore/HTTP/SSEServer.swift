@@ -24,6 +24,7 @@ public actor SSEServer {
   private var admission: Admission
   private let addresses: ClientAddressResolver
   private var retryRandom = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
+  private var logLimiter = LogLimiter()
   /// Refused credentials by reason (`missing`, `expired`, …).
   private var authFailures: [String: Int] = [:]
 
@@ -353,6 +354,22 @@ public actor SSEServer {
       return
     }
     if let refusal = admission.admit(address: address, subject: subject) {
+      if refusal == .perAddress && settings.access.trustedProxies.isEmpty && addresses.isTrusted(address) == false
+        && (address.hasPrefix("127.") || address == "::1")
+      {
+        // Everyone seems to come from loopback: most likely a proxy in front that is not in trusted_proxies.
+        logger.limited(
+          .warning, "per-address stream limit reached for a loopback address",
+          metadata: [
+            "address": address, "limit": String(admission.limits.maxPerAddress),
+            "hint": "if a proxy runs in front, list it in server.trusted_proxies",
+          ], limiter: &logLimiter)
+      }
+      if refusal == .maxConnections {
+        logger.limited(
+          .warning, "stream limit reached: refusing new streams with 503",
+          metadata: ["limit": String(admission.limits.maxConnections)], limiter: &logLimiter)
+      }
       refuse(request, refusal, cors: cors, retryBase: refusal == .maxConnections ? 5 : 10)
       return
     }

@@ -114,6 +114,74 @@ import Testing
     #expect(page.stdout.contains("openssl dgst -sha256 -hmac"))
   }
 
+  /// Key rotation without a restart: a key added to `auth.jwt.keys_directory` verifies after SIGHUP; a bad key set
+  /// is refused and the previous keys keep working; streams already open are untouched.
+  @Test func sighupReloadsTheTokenKeys() async throws {
+    let minter = try TokenMinter()
+    let directory = minter.directory.appendingPathComponent("keys")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    let old = try minter.secret("keys/2026-11.key")
+    let errorLog = minter.directory.appendingPathComponent("relay.log")
+    #expect(FileManager.default.createFile(atPath: errorLog.path, contents: nil))
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: builtProduct("pollcast"))
+    process.arguments = [
+      "--demo", "--listen", "127.0.0.1:0", "--auth-mode", "jwt", "--auth-jwt-keys-directory", directory.path,
+    ]
+    let out = Pipe()
+    process.standardOutput = out
+    process.standardError = try FileHandle(forWritingTo: errorLog)
+    try process.run()
+    defer { if process.isRunning { process.terminate() } }
+    let port = try #require(listeningPort(of: out))
+    func status(kid: String, secret: [UInt8]) throws -> Int {
+      let token = try minter.mint(
+        alg: "HS256", kid: kid, claims: ["exp": Int(Date().timeIntervalSince1970) + 600, "streams": ["*"]],
+        signer: .hmac(secret: secret))
+      let client = try TestSSEClient(port: port, headers: [("Authorization", "Bearer \(token)")])
+      try client.waitForHead()
+      return client.status
+    }
+    let open = try TestSSEClient(
+      port: port,
+      headers: [
+        (
+          "Authorization",
+          "Bearer "
+            + (try minter.mint(
+              alg: "HS256", kid: "2026-11", claims: ["exp": Int(Date().timeIntervalSince1970) + 600, "streams": ["*"]],
+              signer: .hmac(secret: old.bytes)))
+        )
+      ])
+    try open.waitForHead()
+    #expect(open.status == 200)
+    #expect(try status(kid: "2026-11", secret: old.bytes) == 200)
+    let new = try minter.secret("keys/2026-12.key")
+    #expect(try status(kid: "2026-12", secret: new.bytes) == 401)
+    kill(process.processIdentifier, SIGHUP)
+    let deadline = MonotonicClock.seconds() + 10
+    while try status(kid: "2026-12", secret: new.bytes) != 200 && MonotonicClock.seconds() < deadline {
+      try await Task.sleep(for: .milliseconds(100))
+    }
+    #expect(try status(kid: "2026-12", secret: new.bytes) == 200)
+    #expect(try status(kid: "2026-11", secret: old.bytes) == 200)
+    // A key too short for HS256: the reload is refused, both keys keep verifying.
+    FileManager.default.createFile(atPath: directory.appendingPathComponent("bad.key").path, contents: Data("x".utf8))
+    kill(process.processIdentifier, SIGHUP)
+    let logged = MonotonicClock.seconds() + 10
+    while !((try? String(contentsOf: errorLog, encoding: .utf8)) ?? "").contains("token keys not reloaded")
+      && MonotonicClock.seconds() < logged
+    {
+      try await Task.sleep(for: .milliseconds(100))
+    }
+    #expect(((try? String(contentsOf: errorLog, encoding: .utf8)) ?? "").contains("token keys not reloaded"))
+    #expect(try status(kid: "2026-12", secret: new.bytes) == 200)
+    try open.pump(timeout: 0.1)
+    #expect(!open.isEOF)
+    kill(process.processIdentifier, SIGTERM)
+    process.waitUntilExit()
+  }
+
   @Test func withoutAnUpstreamTheRelayRefusesToStartAndSaysHow() throws {
     let result = try run(builtProduct("pollcast"), ["--listen", "127.0.0.1:0"])
     #expect(result.code == 78)

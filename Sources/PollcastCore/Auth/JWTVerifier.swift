@@ -137,7 +137,7 @@ public final class JWTVerifier {
     }
   }
 
-  public let settings: JWTSettings
+  public private(set) var settings: JWTSettings
   public var algorithm: Algorithm { settings.algorithm }
   public var leeway: Double { settings.leeway }
   /// Longest token looked at; longer ones are refused unread.
@@ -172,6 +172,14 @@ public final class JWTVerifier {
     self.init(
       algorithm: settings.algorithm, keys: settings.keys, audience: settings.audience, leeway: settings.leeway,
       cacheLimit: cacheLimit, maxInFlight: maxInFlight)
+  }
+
+  /// New keys (SIGHUP re-reads the key file and directory): checks from now on use them, and every cached
+  /// outcome is forgotten, so a removed key stops verifying at once. The algorithm, audience and leeway may change
+  /// too.
+  public func replace(with settings: JWTSettings) {
+    self.settings = settings
+    cache.removeAll()
   }
 
   /// Whether a signature check costs enough to run off the loop. libjwt 1.10 parses the PEM public key on every

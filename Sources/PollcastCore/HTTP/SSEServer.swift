@@ -53,6 +53,14 @@ public actor SSEServer {
     addresses = ClientAddressResolver(trusted: settings.access.trustedProxies)
   }
 
+  /// Replaces the token keys (`auth.mode = jwt`); false when the server does not check tokens.
+  @discardableResult
+  public func reloadKeys(_ jwt: JWTSettings) -> Bool {
+    guard let verifier else { return false }
+    verifier.replace(with: jwt)
+    return true
+  }
+
   public func addRoute(_ path: String, _ route: Route) {
     routes[path] = route
   }

@@ -108,7 +108,11 @@ public enum PollcastCommand {
       "listening",
       metadata: ["address": relay.address, "version": PollcastVersion.current, "max_open_files": String(descriptors)])
     if demo != nil { logger.info("demo running: curl -N http://\(relay.address)/events") }
+    // SIGHUP re-reads the token keys (rotation without a restart); a bad key set keeps the previous one.
+    let reloader = configuration.auth.mode == "jwt" ? KeyReloader(relay: relay, configuration: configuration) : nil
+    await reloader?.start()
     let signal = await SignalWaiter.wait(loop: relay.loop, signals: [SIGTERM, SIGINT])
+    await reloader?.stop()
     if signal < 0 { logger.error("cannot watch termination signals: shutting down") }
     logger.info("shutting down", metadata: ["signal": "\(signal)"])
     await relay.shutdown(deadline: configuration.server.shutdownDeadlineSeconds)
@@ -151,6 +155,48 @@ public enum SignalWaiter {
         pending?.resume(returning: -1)
         pending = nil
       }
+    }
+  }
+}
+
+/// Re-reads `auth.jwt.key_file` and `auth.jwt.keys_directory` on SIGHUP and hands the keys to the server.
+actor KeyReloader {
+  let relay: Relay
+  let configuration: Configuration
+  private var watcher: SignalWatcher?
+  nonisolated var unownedExecutor: UnownedSerialExecutor { relay.loop.asUnownedSerialExecutor() }
+
+  init(relay: Relay, configuration: Configuration) {
+    self.relay = relay
+    self.configuration = configuration
+  }
+
+  func start() {
+    let logger = configuration.logger
+    do {
+      watcher = try SignalWatcher(loop: relay.loop, signals: [SIGHUP]) { [weak self] _ in
+        self?.assumeIsolated { $0.reload() }
+      }
+    } catch {
+      logger.error("cannot watch SIGHUP: token keys cannot be reloaded", metadata: ["error": "\(error)"])
+    }
+  }
+
+  func stop() { watcher = nil }
+
+  private func reload() {
+    let logger = configuration.logger
+    do throws(ConfigurationError) {
+      guard let jwt = try configuration.jwtSettings() else { return }
+      let server = relay.server
+      server.assumeIsolated { $0.reloadKeys(jwt) }
+      logger.info(
+        "token keys reloaded",
+        metadata: ["kids": jwt.keys.keys.sorted().map { $0.isEmpty ? "(key_file)" : $0 }.joined(separator: ",")])
+    } catch {
+      logger.error(
+        "token keys not reloaded: keeping the previous ones",
+        metadata: ["problems": error.problems.joined(separator: "; ")])
     }
   }
 }

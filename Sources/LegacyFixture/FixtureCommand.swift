@@ -5,6 +5,7 @@ import PollcastCore
 public enum FixtureCommand {
   public static let usage = """
     USAGE: pollcast-legacy-fixture [--listen HOST:PORT] [--api-key KEY] [--user-id ID] [--linked-user-id ID|none]
+                                 [--accounts N] [--page-size N] [--chatter SECONDS]
 
     Serves the reference legacy long-poll API (POST /api/session, GET /api/messages/last, GET /api/messages/poll,
     GET /api/feed) and its control API (/_control/messages, /_control/link, /_control/expire-tokens,
@@ -17,6 +18,8 @@ public enum FixtureCommand {
       --linked-user-id ID     the linked account at start, or none (default 202)
       --chatter SECONDS       append a demo message every SECONDS (default: off)
       --page-size N           messages per poll answer at most (default: 100)
+      --accounts N            also serve users 1000 … 1000+N-1, API key key-<user_id>, no linked account
+                              (per-user relaying); /_control/stats then reports them under "users"
       -h, --help, --version
     """
 
@@ -68,6 +71,11 @@ public enum FixtureCommand {
       case "--linked-user-id":
         guard let user = next(), !user.isEmpty else { return fail("--linked-user-id needs a value") }
         options.linkedUserID = user == "none" ? nil : user
+      case "--accounts":
+        guard let text = next(), let count = Int(text), count >= 0, count <= 1_000_000 else {
+          return fail("--accounts needs a number of accounts (0 to 1000000)")
+        }
+        options.accounts = count
       case "--page-size":
         guard let text = next(), let size = Int(text), size > 0 else {
           return fail("--page-size needs a number of messages above 0")

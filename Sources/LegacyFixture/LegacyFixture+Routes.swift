@@ -61,8 +61,9 @@ extension LegacyFixture {
     case (.post, "/_control/messages"): controlMessages(request)
     case (.post, "/_control/link"): controlLink(request)
     case (.delete, "/_control/link"):
-      setLinkedUser(nil)
-      json(request, #"{"linked_user_id":null}"#)
+      let user = (try? RawJSON.parse(request.bodyText))?["user_id"]?.stringValue ?? options.userID
+      setLinkedUser(nil, for: user)
+      json(request, JSONText.object(["user_id": JSONText.quoted(user), "linked_user_id": "null"]))
     case (.post, "/_control/expire-tokens"):
       expireTokens()
       json(request, #"{"expired":true}"#)
@@ -102,32 +103,34 @@ extension LegacyFixture {
   // MARK: Legacy API
 
   private func createSession(_ request: HTTPRequest) {
-    guard request.header("Authorization") == "Bearer \(options.apiKey)" else {
+    let authorization = request.header("Authorization") ?? ""
+    guard authorization.hasPrefix("Bearer "), let user = account(forAPIKey: String(authorization.dropFirst(7))) else {
       stats.unauthorized += 1
       json(request, #"{"error":"invalid api key"}"#, status: 401)
       return
     }
-    let (token, _) = issueSession()
+    let (token, _) = issueSession(for: user)
+    let linked = users(of: user).dropFirst().first
     json(
       request,
       JSONText.object([
-        "token": JSONText.quoted(token), "user_id": JSONText.quoted(options.userID),
-        "linked_user_id": linkedUserID.map(JSONText.quoted) ?? "null", "expires_in": String(Int(options.tokenLifetime)),
+        "token": JSONText.quoted(token), "user_id": JSONText.quoted(user),
+        "linked_user_id": linked.map(JSONText.quoted) ?? "null", "expires_in": String(Int(options.tokenLifetime)),
       ]))
   }
 
   private func lastIDs(_ request: HTTPRequest, token: String?) {
-    guard validSession(token) != nil else {
+    guard let session = validSession(token) else {
       stats.unauthorized += 1
       json(request, #"{"error":"token expired"}"#, status: 401)
       return
     }
-    let ids = sessionUsers().map { "\(JSONText.quoted($0)):\(store.lastID($0))" }.joined(separator: ",")
+    let ids = users(of: session.userID).map { "\(JSONText.quoted($0)):\(store.lastID($0))" }.joined(separator: ",")
     json(request, "{\"last_ids\":{\(ids)}}")
   }
 
   private func poll(_ request: HTTPRequest, parameters: [String: String]) {
-    guard let token = parameters["token"], validSession(token) != nil else {
+    guard let token = parameters["token"], let session = validSession(token) else {
       stats.unauthorized += 1
       json(request, #"{"error":"token expired"}"#, status: 401)
       return
@@ -141,8 +144,8 @@ extension LegacyFixture {
       }
       cursors.append((String(pieces[0]), id))
     }
-    let users = Set(sessionUsers())
-    cursors = cursors.filter { users.contains($0.user) }
+    let readable = Set(users(of: session.userID))
+    cursors = cursors.filter { readable.contains($0.user) }
     guard let timeout = pollTimeout(parameters, request) else { return }
     park(request, kind: .chat, token: token, cursors: cursors, timeout: timeout)
   }
@@ -183,6 +186,12 @@ extension LegacyFixture {
     let inFlight = (inFlightByToken[token] ?? 0) + 1
     inFlightByToken[token] = inFlight
     stats.maxPollsInFlightPerToken = max(stats.maxPollsInFlightPerToken, inFlight)
+    if kind == .chat, let user = sessions[token]?.userID {
+      var perUser = stats.users[user, default: LegacyFixture.UserStats()]
+      perUser.pollsInFlight += 1
+      perUser.maxPollsInFlight = max(perUser.maxPollsInFlight, perUser.pollsInFlight)
+      stats.users[user] = perUser
+    }
     stats.maxConcurrentPolls = max(stats.maxConcurrentPolls, pending.count)
     if let watch = watch(request) {
       watch.pollID = poll.id
@@ -302,6 +311,9 @@ extension LegacyFixture {
     if let count = inFlightByToken[poll.token] {
       inFlightByToken[poll.token] = count > 1 ? count - 1 : nil
     }
+    if poll.kind == .chat, let user = sessions[poll.token]?.userID, let perUser = stats.users[user] {
+      stats.users[user]?.pollsInFlight = max(0, perUser.pollsInFlight - 1)
+    }
     if poll.watch?.pollID == poll.id { poll.watch?.pollID = nil }
   }
 
@@ -381,13 +393,15 @@ extension LegacyFixture {
   }
 
   private func controlLink(_ request: HTTPRequest) {
-    guard let body = try? RawJSON.parse(request.bodyText), let user = body["linked_user_id"]?.stringValue, !user.isEmpty
+    guard let body = try? RawJSON.parse(request.bodyText), let linked = body["linked_user_id"]?.stringValue,
+      !linked.isEmpty
     else {
-      badRequest(request, "body must be {\"linked_user_id\":\"202\"}")
+      badRequest(request, "body must be {\"linked_user_id\":\"202\"} (and optionally \"user_id\")")
       return
     }
-    setLinkedUser(user)
-    json(request, JSONText.object(["linked_user_id": JSONText.quoted(user)]))
+    let user = body["user_id"]?.stringValue ?? options.userID
+    setLinkedUser(linked, for: user)
+    json(request, JSONText.object(["user_id": JSONText.quoted(user), "linked_user_id": JSONText.quoted(linked)]))
   }
 
   /// `{"user_id":"101","kind":"invalid_utf8"|"deep"}`: appends one poison message.
@@ -439,6 +453,15 @@ extension LegacyFixture {
       "faults_applied": String(snapshot.faultsApplied), "faults_pending": String(snapshot.faultsPending),
       "linked_user_id": linkedUserID.map(JSONText.quoted) ?? "null",
       "messages": "{\(messages.joined(separator: ","))}",
+      "users": "{"
+        + snapshot.users.keys.sorted().map { user in
+          let perUser = snapshot.users[user]!
+          return JSONText.quoted(user) + ":"
+            + JSONText.object([
+              "sessions": String(perUser.sessions), "polls_in_flight": String(perUser.pollsInFlight),
+              "max_polls_in_flight": String(perUser.maxPollsInFlight),
+            ])
+        }.joined(separator: ",") + "}",
     ])
   }
 }

@@ -20,6 +20,9 @@ public actor LegacyFixture {
     public var maxPollTimeout = 120.0
     /// Messages per user in one answer, at most.
     public var pageSize = 100
+    /// Extra accounts for per-user relaying: users `1000` … `1000+accounts-1`, API key `key-<user_id>`, no linked
+    /// account (DESIGN, "Who reads what").
+    public var accounts = 0
 
     public init() {}
   }
@@ -35,6 +38,14 @@ public actor LegacyFixture {
     public var faultsApplied = 0
     public var faultsPending = 0
     public var messages: [String: Int] = [:]
+    /// Per account that has had a session: sessions started, polls in flight now, most polls in flight at once.
+    public var users: [String: UserStats] = [:]
+  }
+
+  public struct UserStats: Sendable, Equatable {
+    public var sessions = 0
+    public var pollsInFlight = 0
+    public var maxPollsInFlight = 0
   }
 
   public nonisolated let loop: EventLoop
@@ -46,7 +57,10 @@ public actor LegacyFixture {
 
   private var listener: HTTPListener?
   var store = MessageStore()
+  /// The primary account's linked account (`--linked-user-id`, `/_control/link`).
   var linkedUserID: String?
+  /// The other accounts' linked accounts.
+  var linkedByUser: [String: String] = [:]
   var sessions: [String: Session] = [:]
   var pending: [Int: PendingPoll] = [:]
   var nextPollID = 1
@@ -168,6 +182,34 @@ public actor LegacyFixture {
     expireTokens()
   }
 
+  /// Links (or unlinks, with nil) `linked` to account `user`; only that account's tokens are revoked.
+  public func setLinkedUser(_ linked: String?, for user: String) {
+    guard user != options.userID else {
+      setLinkedUser(linked)
+      return
+    }
+    linkedByUser[user] = linked
+    for (key, session) in sessions where session.userID == user { sessions[key]?.revoked = true }
+    for poll in pending.values where poll.kind == .chat && sessions[poll.token]?.userID == user {
+      finish(poll) { $0.respondError(status: 401, reason: "Unauthorized", message: "token expired") }
+    }
+  }
+
+  /// The account an API key opens, if any.
+  func account(forAPIKey key: String) -> String? {
+    if key == options.apiKey { return options.userID }
+    guard options.accounts > 0, key.hasPrefix("key-"), let id = Int(key.dropFirst(4)),
+      id >= 1000, id < 1000 + options.accounts, "key-\(id)" == key
+    else { return nil }
+    return String(id)
+  }
+
+  /// The streams a session of `user` reads: its own and its linked account's.
+  func users(of user: String) -> [String] {
+    let linked = user == options.userID ? linkedUserID : linkedByUser[user]
+    return [user] + (linked.map { [$0] } ?? [])
+  }
+
   /// Every issued token answers 401 from now on.
   public func expireTokens() {
     for key in sessions.keys { sessions[key]?.revoked = true }
@@ -196,9 +238,8 @@ public actor LegacyFixture {
     stats.maxPollsInFlightPerToken = inFlightByToken.values.max() ?? 0
   }
 
-  func sessionUsers() -> [String] {
-    [options.userID] + (linkedUserID.map { [$0] } ?? [])
-  }
+  /// The primary account's streams.
+  func sessionUsers() -> [String] { users(of: options.userID) }
 
   func validSession(_ token: String?) -> Session? {
     guard let token, let session = sessions[token], !session.revoked, MonotonicClock.seconds() < session.expiresAt
@@ -206,13 +247,14 @@ public actor LegacyFixture {
     return session
   }
 
-  func issueSession() -> (token: String, session: Session) {
+  func issueSession(for user: String) -> (token: String, session: Session) {
     var bytes = [UInt8](repeating: 0, count: 16)
     for index in bytes.indices { bytes[index] = UInt8.random(in: 0...255) }
     let token = bytes.map { String(format: "%02x", $0) }.joined()
-    let session = Session(userID: options.userID, expiresAt: MonotonicClock.seconds() + options.tokenLifetime)
+    let session = Session(userID: user, expiresAt: MonotonicClock.seconds() + options.tokenLifetime)
     sessions[token] = session
     stats.sessions += 1
+    stats.users[user, default: UserStats()].sessions += 1
     return (token, session)
   }
 }

@@ -236,6 +236,59 @@ import Testing
     #expect(bad.stdout.hasSuffix(" 400"))
   }
 
+  /// `--accounts N` (DESIGN, "Who reads what"): users 1000…, keys `key-<user_id>`, each session reads only its own
+  /// account (and its linked one), links per account revoke only that account's tokens, and `/_control/stats`
+  /// reports every account that had a session.
+  @Test func fixtureServesManyAccountsEachReadingOnlyItsOwn() throws {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: builtProduct("pollcast-legacy-fixture"))
+    process.arguments = ["--listen", "127.0.0.1:0", "--accounts", "3"]
+    let out = Pipe()
+    process.standardOutput = out
+    try process.run()
+    defer {
+      kill(process.processIdentifier, SIGTERM)
+      process.waitUntilExit()
+    }
+    let port = try #require(listeningPort(of: out))
+    let base = "http://127.0.0.1:\(port)"
+    func curl(_ arguments: [String]) throws -> RawJSON {
+      let result = try run("/usr/bin/curl", ["-s"] + arguments)
+      return try RawJSON.parse(result.stdout)
+    }
+    func session(_ key: String) throws -> RawJSON {
+      try curl(["-X", "POST", "-H", "Authorization: Bearer \(key)", "\(base)/api/session"])
+    }
+    let first = try session("key-1000")
+    #expect(first["user_id"]?.stringValue == "1000")
+    #expect(first["linked_user_id"]?.rawText == "null")
+    #expect(try session("key-1002")["user_id"]?.stringValue == "1002")
+    #expect(try session("key-1003")["error"] != nil, "key-1003 is outside --accounts 3")
+    #expect(try session("dev-key")["user_id"]?.stringValue == "101", "the primary account stays")
+    _ = try curl(["-X", "POST", "-d", #"{"user_id":"1000","text":"for 1000"}"#, "\(base)/_control/messages"])
+    _ = try curl(["-X", "POST", "-d", #"{"user_id":"1002","text":"for 1002"}"#, "\(base)/_control/messages"])
+    let token = try #require(first["token"]?.stringValue)
+    // A cursor for another account is ignored: 1000 reads only its own messages.
+    let answer = try curl(["\(base)/api/messages/poll?token=\(token)&cursor=1000:0,1002:0&timeout=1"])
+    #expect(answer["1000"]?.rawText.contains("for 1000") == true)
+    #expect(answer["1002"] == nil)
+    let last = try curl(["\(base)/api/messages/last?token=\(token)"])
+    #expect(last["last_ids"]?["1000"]?.unsignedID == 1)
+    #expect(last["last_ids"]?["1002"] == nil)
+    // Linking 1002 to 1001 revokes 1001's tokens only; its next session names the link.
+    let other = try #require(try session("key-1001")["token"]?.stringValue)
+    _ = try curl(["-X", "POST", "-d", #"{"user_id":"1001","linked_user_id":"1002"}"#, "\(base)/_control/link"])
+    #expect(try curl(["\(base)/api/messages/last?token=\(other)"])["error"] != nil)
+    #expect(try curl(["\(base)/api/messages/last?token=\(token)"])["last_ids"] != nil)
+    let relinked = try session("key-1001")
+    #expect(relinked["linked_user_id"]?.stringValue == "1002")
+    let stats = try curl(["\(base)/_control/stats"])
+    #expect(stats["users"]?["1000"]?["sessions"]?.unsignedID == 1)
+    #expect(stats["users"]?["1000"]?["max_polls_in_flight"]?.unsignedID == 1)
+    #expect(stats["users"]?["1001"]?["sessions"]?.unsignedID == 2)
+    #expect(stats["users"]?["1000"]?["polls_in_flight"]?.unsignedID == 0)
+  }
+
   @Test func fixtureUsageErrorsExit64() throws {
     let result = try run(builtProduct("pollcast-legacy-fixture"), ["--chatter", "-1"])
     #expect(result.code == 64)

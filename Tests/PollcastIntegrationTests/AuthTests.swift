@@ -312,6 +312,13 @@ import Testing
       let retry = try #require(Int(third.headers["retry-after"] ?? ""))
       #expect((10...20).contains(retry))
       #expect(third.body.contains("per_address"))
+      // A plain JSON answer: one Content-Type, not the stream's as well.
+      #expect(third.headers["content-type"] == "application/json")
+      let raw = try rawExchange(
+        port: harness.port,
+        "GET /events HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 203.0.113.4\r\nConnection: close\r\n\r\n")
+      #expect(raw.statuses == [429])
+      #expect(raw.text.lowercased().components(separatedBy: "content-type:").count == 2, "\(raw.text)")
     }
   }
 }

@@ -336,13 +336,8 @@ public actor SSEServer {
         }
       }
     }
-    let head = feed.assumeIsolated { $0.headID }
-    request.addHeader("Content-Type", "text/event-stream; charset=utf-8")
-    request.addHeader("Cache-Control", "no-cache, no-store, no-transform")
-    request.addHeader("X-Accel-Buffering", "no")
-    request.addHeader("X-Pollcast-Head-Id", String(head))
-    for (name, value) in cors { request.addHeader(name, value) }
     if request.method == .head {
+      addStreamHeaders(request, cors: cors)
       evhttp_send_reply(request.raw, 200, "OK", nil)
       return
     }
@@ -381,6 +376,8 @@ public actor SSEServer {
       refuse(request, refusal, cors: cors, retryBase: refusal == .maxConnections ? 5 : 10)
       return
     }
+    // The stream's headers go on only now: a refusal above is a plain answer with its own Content-Type.
+    addStreamHeaders(request, cors: cors)
     // Streams end only when the server ends them; closing lets evhttp free the connection with the reply.
     request.addHeader("Connection", "close")
     let sink = SSEConnection(request: request.raw, connection: connection, scratch: scratch, loop: loop)
@@ -410,6 +407,15 @@ public actor SSEServer {
     request.respond(
       status: 503, reason: "Service Unavailable", contentType: "application/json", body: body + "\n",
       headers: cors + [("Retry-After", String(retry)), ("Cache-Control", "no-store")])
+  }
+
+  private func addStreamHeaders(_ request: HTTPRequest, cors: [(String, String)]) {
+    let head = feed.assumeIsolated { $0.headID }
+    request.addHeader("Content-Type", "text/event-stream; charset=utf-8")
+    request.addHeader("Cache-Control", "no-cache, no-store, no-transform")
+    request.addHeader("X-Accel-Buffering", "no")
+    request.addHeader("X-Pollcast-Head-Id", String(head))
+    for (name, value) in cors { request.addHeader(name, value) }
   }
 
   private var missingCredentialMessage: String {

@@ -17,6 +17,9 @@ final class PendingPoll: @unchecked Sendable {  // loop thread only
   let token: String
   let cursors: [(user: String, id: UInt64)]
   let fault: FixtureFault?
+  /// The account whose poll this is (per-user statistics), and the API key a generic poll presented.
+  var user: String?
+  var apiKey: String?
   var timer: LoopTimer?
   /// Set once the answer is decided (a delayed answer waits with it set, so new messages do not re-arm it).
   var answering = false
@@ -67,6 +70,7 @@ extension LegacyFixture {
     case (.post, "/_control/expire-tokens"):
       expireTokens()
       json(request, #"{"expired":true}"#)
+    case (.post, "/_control/keys"), (.delete, "/_control/keys"): controlKeys(request)
     case (.post, "/_control/faults"): controlFaults(request)
     case (.post, "/_control/poison"): controlPoison(request)
     case (.post, "/_control/rewind"): controlRewind(request)
@@ -76,7 +80,8 @@ extension LegacyFixture {
       json(request, statsJSON())
     case (_, "/api/session"), (_, "/api/messages/last"), (_, "/api/messages/poll"), (_, "/api/feed"),
       (_, "/_control/messages"), (_, "/_control/link"), (_, "/_control/expire-tokens"), (_, "/_control/faults"),
-      (_, "/_control/stats"), (_, "/_control/reset-maxima"), (_, "/_control/poison"), (_, "/_control/rewind"):
+      (_, "/_control/stats"), (_, "/_control/reset-maxima"), (_, "/_control/poison"), (_, "/_control/rewind"),
+      (_, "/_control/keys"):
       request.respondError(status: 405, reason: "Method Not Allowed", message: "wrong method for \(path)")
     default:
       request.respondError(status: 404, reason: "Not Found", message: "no such path: \(path)")
@@ -109,7 +114,7 @@ extension LegacyFixture {
       json(request, #"{"error":"invalid api key"}"#, status: 401)
       return
     }
-    let (token, _) = issueSession(for: user)
+    let (token, _) = issueSession(for: user, apiKey: String(authorization.dropFirst(7)))
     let linked = users(of: user).dropFirst().first
     json(
       request,
@@ -147,17 +152,32 @@ extension LegacyFixture {
     let readable = Set(users(of: session.userID))
     cursors = cursors.filter { readable.contains($0.user) }
     guard let timeout = pollTimeout(parameters, request) else { return }
-    park(request, kind: .chat, token: token, cursors: cursors, timeout: timeout)
+    park(request, kind: .chat, token: token, cursors: cursors, timeout: timeout, user: session.userID)
   }
 
+  /// `GET /api/feed?after=N`: with `Authorization: Bearer <api key>` the key's account (401 for an unknown or
+  /// revoked key), without one the `user` parameter's (default the primary account).
   private func genericPoll(_ request: HTTPRequest, parameters: [String: String]) {
-    let user = parameters["user"] ?? options.userID
+    var user = parameters["user"] ?? options.userID
+    var apiKey: String?
+    if let authorization = request.header("Authorization") {
+      guard authorization.hasPrefix("Bearer "), let owner = account(forAPIKey: String(authorization.dropFirst(7)))
+      else {
+        stats.unauthorized += 1
+        json(request, #"{"error":"invalid api key"}"#, status: 401)
+        return
+      }
+      user = owner
+      apiKey = String(authorization.dropFirst(7))
+    }
     guard let after = UInt64(parameters["after"] ?? "0") else {
       badRequest(request, "after must be a message id")
       return
     }
     guard let timeout = pollTimeout(parameters, request) else { return }
-    park(request, kind: .generic, token: "generic:\(user)", cursors: [(user, after)], timeout: timeout)
+    park(
+      request, kind: .generic, token: "generic:\(user)", cursors: [(user, after)], timeout: timeout, user: user,
+      apiKey: apiKey)
   }
 
   private func pollTimeout(_ parameters: [String: String], _ request: HTTPRequest) -> Double? {
@@ -170,7 +190,7 @@ extension LegacyFixture {
 
   private func park(
     _ request: HTTPRequest, kind: PendingPoll.Kind, token: String, cursors: [(user: String, id: UInt64)],
-    timeout: Double
+    timeout: Double, user: String?, apiKey: String? = nil
   ) {
     stats.polls += 1
     let fault = faults.isEmpty ? nil : faults.removeFirst()
@@ -182,11 +202,13 @@ extension LegacyFixture {
     let poll = PendingPoll(
       id: nextPollID, kind: kind, request: request, token: token, cursors: cursors, fault: fault)
     nextPollID += 1
+    poll.user = user
+    poll.apiKey = apiKey
     pending[poll.id] = poll
     let inFlight = (inFlightByToken[token] ?? 0) + 1
     inFlightByToken[token] = inFlight
     stats.maxPollsInFlightPerToken = max(stats.maxPollsInFlightPerToken, inFlight)
-    if kind == .chat, let user = sessions[token]?.userID {
+    if let user {
       var perUser = stats.users[user, default: LegacyFixture.UserStats()]
       perUser.pollsInFlight += 1
       perUser.maxPollsInFlight = max(perUser.maxPollsInFlight, perUser.pollsInFlight)
@@ -311,7 +333,7 @@ extension LegacyFixture {
     if let count = inFlightByToken[poll.token] {
       inFlightByToken[poll.token] = count > 1 ? count - 1 : nil
     }
-    if poll.kind == .chat, let user = sessions[poll.token]?.userID, let perUser = stats.users[user] {
+    if let user = poll.user, let perUser = stats.users[user] {
       stats.users[user]?.pollsInFlight = max(0, perUser.pollsInFlight - 1)
     }
     if poll.watch?.pollID == poll.id { poll.watch?.pollID = nil }
@@ -402,6 +424,27 @@ extension LegacyFixture {
     let user = body["user_id"]?.stringValue ?? options.userID
     setLinkedUser(linked, for: user)
     json(request, JSONText.object(["user_id": JSONText.quoted(user), "linked_user_id": JSONText.quoted(linked)]))
+  }
+
+  /// `POST {"user_id":"1000","api_key":"phone-1000"}` adds a key for an account; `DELETE {"api_key":"key-1000"}`
+  /// revokes one (its sessions and parked polls answer 401).
+  private func controlKeys(_ request: HTTPRequest) {
+    guard let body = try? RawJSON.parse(request.bodyText), let key = body["api_key"]?.stringValue, !key.isEmpty
+    else {
+      badRequest(request, "body must be {\"api_key\":\"…\"} (and \"user_id\" to add a key)")
+      return
+    }
+    if request.method == .delete {
+      revokeKey(key)
+      json(request, JSONText.object(["revoked": "true"]))
+      return
+    }
+    guard let user = body["user_id"]?.stringValue, !user.isEmpty else {
+      badRequest(request, "user_id (a string) is required to add a key")
+      return
+    }
+    addKey(key, for: user)
+    json(request, JSONText.object(["user_id": JSONText.quoted(user), "added": "true"]))
   }
 
   /// `{"user_id":"101","kind":"invalid_utf8"|"deep"}`: appends one poison message.

@@ -74,8 +74,14 @@ public actor LegacyFixture {
   struct Session {
     let userID: String
     let expiresAt: Double
+    /// The API key that opened it: revoking the key revokes its sessions.
+    var apiKey: String? = nil
     var revoked = false
   }
+
+  /// Keys added with `/_control/keys` (key → user), and keys revoked (built-in or added).
+  var addedKeys: [String: String] = [:]
+  var revokedKeys: Set<String> = []
 
   /// Starts a fixture on its own loop thread.
   public static func start(_ options: Options = Options()) async throws -> LegacyFixture {
@@ -197,11 +203,33 @@ public actor LegacyFixture {
 
   /// The account an API key opens, if any.
   func account(forAPIKey key: String) -> String? {
+    guard !revokedKeys.contains(key) else { return nil }
+    if let user = addedKeys[key] { return user }
     if key == options.apiKey { return options.userID }
     guard options.accounts > 0, key.hasPrefix("key-"), let id = Int(key.dropFirst(4)),
       id >= 1000, id < 1000 + options.accounts, "key-\(id)" == key
     else { return nil }
     return String(id)
+  }
+
+  /// Adds an API key for `user` (a second device's key): both keys open the same account.
+  public func addKey(_ key: String, for user: String) {
+    revokedKeys.remove(key)
+    addedKeys[key] = user
+  }
+
+  /// Revokes an API key, like a user who resets their key: it opens no session any more, the sessions it opened
+  /// answer 401, and their parked polls are answered 401 at once.
+  public func revokeKey(_ key: String) {
+    revokedKeys.insert(key)
+    addedKeys[key] = nil
+    for (token, session) in sessions where session.apiKey == key { sessions[token]?.revoked = true }
+    for poll in pending.values where poll.kind == .chat && sessions[poll.token]?.apiKey == key {
+      finish(poll) { $0.respondError(status: 401, reason: "Unauthorized", message: "token expired") }
+    }
+    for poll in pending.values where poll.kind == .generic && poll.apiKey == key {
+      finish(poll) { $0.respondError(status: 401, reason: "Unauthorized", message: "api key revoked") }
+    }
   }
 
   /// The streams a session of `user` reads: its own and its linked account's.
@@ -247,11 +275,11 @@ public actor LegacyFixture {
     return session
   }
 
-  func issueSession(for user: String) -> (token: String, session: Session) {
+  func issueSession(for user: String, apiKey: String? = nil) -> (token: String, session: Session) {
     var bytes = [UInt8](repeating: 0, count: 16)
     for index in bytes.indices { bytes[index] = UInt8.random(in: 0...255) }
     let token = bytes.map { String(format: "%02x", $0) }.joined()
-    let session = Session(userID: user, expiresAt: MonotonicClock.seconds() + options.tokenLifetime)
+    let session = Session(userID: user, expiresAt: MonotonicClock.seconds() + options.tokenLifetime, apiKey: apiKey)
     sessions[token] = session
     stats.sessions += 1
     stats.users[user, default: UserStats()].sessions += 1

@@ -34,9 +34,20 @@ public struct Admission: Sendable {
     case perAddress = "per_address"
     case perSubject = "per_subject"
     case authThrottled = "auth_throttled"
+    /// Per-user relaying: no room for another account (active or kept).
+    case maxAccounts = "max_accounts"
+    /// Per-user relaying: the legacy API could not check a key.
+    case upstreamUnavailable = "upstream_unavailable"
+    /// Too many credential checks waiting (a token's signature, a legacy key).
+    case busy
 
-    /// 503 for the global cap (the server is full for everyone), 429 for a client's own caps.
-    public var status: Int32 { self == .maxConnections ? 503 : 429 }
+    /// 503 when the server cannot serve anyone now, 429 for a client's own caps.
+    public var status: Int32 {
+      switch self {
+      case .perAddress, .perSubject, .authThrottled: 429
+      case .maxConnections, .maxAccounts, .upstreamUnavailable, .busy: 503
+      }
+    }
   }
 
   public var limits: Limits
@@ -87,6 +98,9 @@ public struct Admission: Sendable {
   }
 
   public var failureTableCount: Int { failures.count }
+
+  /// Counts a refusal decided elsewhere (the account hub, the token checker).
+  public mutating func count(_ refusal: Refusal) { refusals[refusal, default: 0] += 1 }
 
   /// Admits a stream from `address` for `subject` (nil when the mode has none), or says why not.
   public mutating func admit(address: String, subject: String?) -> Refusal? {

@@ -39,7 +39,8 @@ extension Configuration {
       "Proxy addresses or CIDR blocks whose X-Forwarded-For is believed; every other sender's is ignored."),
     .string(
       "auth.mode", \.auth.mode,
-      "Who may read what: none (anyone, every stream) or jwt (a signed token naming its streams)."),
+      "Who may read what: none (anyone, every stream), jwt (a signed token naming its streams) or upstream (each"
+        + " subscriber's own legacy key: its own account's streams, one upstream loop per account)."),
     .string(
       "auth.cookie_name", \.auth.cookieName,
       "Cookie holding the credential (after Authorization: Bearer), for EventSource with withCredentials."),
@@ -49,6 +50,9 @@ extension Configuration {
     .int(
       "auth.max_failures_per_minute", \.auth.maxFailuresPerMinute,
       "Failed credential checks one address may make per minute before it gets 429; 0 no limit."),
+    .double(
+      "auth.credential_cache_seconds", \.auth.credentialCacheSeconds,
+      "auth.mode upstream: a refused key is answered from memory this long; an accepted one is re-checked after it."),
     .string("auth.jwt.algorithm", \.auth.jwt.algorithm, "HS256, RS256 or ES256; tokens signed otherwise are refused."),
     .string(
       "auth.jwt.key_file", \.auth.jwt.keyFile,
@@ -108,7 +112,17 @@ extension Configuration {
       "First start: latest (only new messages) or earliest (everything, as backlog)."),
     .double(
       "upstream.idle_after_seconds", \.upstream.idleAfterSeconds,
-      "Stop polling after this long without subscribers; 0 never idles."),
+      "Stop polling after this long without subscribers; 0 never idles (auth.mode upstream: an account's grace"
+        + " period, 0 means 30 s)."),
+    .int(
+      "upstream.max_accounts", \.upstream.maxAccounts,
+      "auth.mode upstream: accounts polling at once; a new one beyond gets 503."),
+    .int(
+      "upstream.max_retained_accounts", \.upstream.maxRetainedAccounts,
+      "auth.mode upstream: accounts kept with their ring for resumes; the least recently used idle one is evicted."),
+    .int(
+      "upstream.max_total_ring_bytes", \.upstream.maxTotalRingBytes,
+      "auth.mode upstream: ring bytes over all accounts; idle accounts are evicted, least recently used first."),
     .double(
       "upstream.ready_window_seconds", \.upstream.readyWindowSeconds,
       "/readyz wants a poll completed within this window."),

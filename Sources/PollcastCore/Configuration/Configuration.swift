@@ -102,9 +102,16 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var readyWindowSeconds = 60.0
     public var resyncIntervalSeconds = 60.0
     public var maxBodyBytes = 8 << 20
+    /// Per-user relaying: accounts polling at once, accounts kept for resumes, ring bytes over all accounts.
+    public var maxAccounts = 10_000
+    public var maxRetainedAccounts = 50_000
+    public var maxTotalRingBytes = 256 << 20
 
     enum CodingKeys: String, CodingKey {
       case adapter, url
+      case maxAccounts = "max_accounts"
+      case maxRetainedAccounts = "max_retained_accounts"
+      case maxTotalRingBytes = "max_total_ring_bytes"
       case apiKey = "api_key"
       case pollTimeoutSeconds = "poll_timeout_seconds"
       case requestMarginSeconds = "request_margin_seconds"
@@ -140,6 +147,8 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var cookieName = "pollcast_token"
     public var allowQueryToken = false
     public var maxFailuresPerMinute = 30
+    /// Per-user relaying: how long a refused key is answered from memory, and an accepted one trusted.
+    public var credentialCacheSeconds = 30.0
     public var jwt = JWT()
 
     enum CodingKeys: String, CodingKey {
@@ -147,6 +156,7 @@ public struct Configuration: Codable, Sendable, Equatable {
       case cookieName = "cookie_name"
       case allowQueryToken = "allow_query_token"
       case maxFailuresPerMinute = "max_failures_per_minute"
+      case credentialCacheSeconds = "credential_cache_seconds"
     }
   }
 
@@ -187,7 +197,7 @@ extension Configuration {
   /// by `jwtSettings()`, which reads the key files.
   public var serverSettings: ServerSettings {
     let address = (try? ListenAddress.parse(server.listen)) ?? ListenAddress(host: "127.0.0.1", port: 8080)
-    return ServerSettings(
+    var settings = ServerSettings(
       host: address.host, port: address.port, maxHeaderBytes: server.maxHeaderBytes, maxURLBytes: server.maxURLBytes,
       maxBodyBytes: server.maxBodyBytes, timeout: server.timeoutSeconds, backlog: server.backlog,
       headerTimeout: server.headerTimeoutSeconds, descriptorReserve: server.descriptorReserve,
@@ -199,6 +209,8 @@ extension Configuration {
           maxConnections: server.maxConnections, maxPerAddress: server.maxConnectionsPerAddress,
           maxPerSubject: server.maxConnectionsPerSubject, maxFailuresPerMinute: auth.maxFailuresPerMinute),
         trustedProxies: server.trustedProxies.compactMap(AddressBlock.init)))
+    settings.access.perUser = auth.mode == "upstream"
+    return settings
   }
 
   public var feedSettings: FeedSettings {
@@ -367,19 +379,33 @@ extension Configuration {
     return settings
   }
 
-  /// The adapter this configuration names.
-  public func makeAdapter() -> UpstreamAdapter {
+  var genericSettings: GenericAdapter.Settings {
+    .init(
+      urlTemplate: generic.urlTemplate, eventsPointer: generic.eventsPointer, idPointer: generic.idPointer,
+      headers: generic.headers, stream: generic.stream, timeout: generic.timeoutSeconds,
+      connectTimeout: upstream.connectTimeoutSeconds,
+      initialCursor: ResumeDecision.parseEventID(generic.initialCursor) ?? 0)
+  }
+
+  /// The adapter this configuration names; with `credential` (per-user relaying), one that sends that key.
+  public func makeAdapter(credential: String? = nil) -> UpstreamAdapter {
     if upstream.adapter == "generic" {
-      return GenericAdapter(
-        settings: .init(
-          urlTemplate: generic.urlTemplate, eventsPointer: generic.eventsPointer, idPointer: generic.idPointer,
-          headers: generic.headers, stream: generic.stream, timeout: generic.timeoutSeconds,
-          connectTimeout: upstream.connectTimeoutSeconds,
-          initialCursor: ResumeDecision.parseEventID(generic.initialCursor) ?? 0))
+      return GenericAdapter(settings: genericSettings, credential: credential)
     }
     return ChatAdapter(
       baseURL: upstream.url, holdSeconds: upstream.pollTimeoutSeconds, marginSeconds: upstream.requestMarginSeconds,
       requestTimeout: upstream.requestTimeoutSeconds, connectTimeout: upstream.connectTimeoutSeconds)
+  }
+
+  /// Per-user relaying's bounds and timings (`auth.mode = upstream`).
+  public var accountSettings: AccountHub.Settings {
+    var settings = AccountHub.Settings()
+    settings.maxActiveAccounts = upstream.maxAccounts
+    settings.maxRetainedAccounts = upstream.maxRetainedAccounts
+    settings.maxTotalRingBytes = upstream.maxTotalRingBytes
+    settings.grace = upstream.idleAfterSeconds > 0 ? upstream.idleAfterSeconds : 30
+    settings.credentialCacheSeconds = auth.credentialCacheSeconds
+    return settings
   }
 
   /// This configuration with secrets replaced, for `--print-config` and logs.
@@ -452,10 +478,23 @@ extension Configuration {
         problems.append("auth.jwt.leeway_seconds: must be between 0 and 600")
       }
     case "upstream":
-      problems.append(
-        "auth.mode: \"upstream\" (per-user relaying) is not available in this version yet; use none or jwt")
+      if upstream.adapter == "generic" && !generic.urlTemplate.isEmpty
+        && !GenericAdapter.usesCredential(genericSettings)
+      {
+        problems.append(
+          "generic.headers: auth.mode upstream needs the subscriber's key in a request: put {credential} in a"
+            + " header (\"Authorization: Bearer {credential}\") or in generic.url_template")
+      }
+      if !(auth.credentialCacheSeconds >= 1 && auth.credentialCacheSeconds <= 3600) {
+        problems.append("auth.credential_cache_seconds: must be between 1 and 3600")
+      }
+      if upstream.maxAccounts < 1 { problems.append("upstream.max_accounts: must be at least 1") }
+      if upstream.maxRetainedAccounts < upstream.maxAccounts {
+        problems.append("upstream.max_retained_accounts: must be at least upstream.max_accounts")
+      }
+      if upstream.maxTotalRingBytes < 1 { problems.append("upstream.max_total_ring_bytes: must be at least 1") }
     default:
-      problems.append("auth.mode: \"\(auth.mode)\" is not none or jwt")
+      problems.append("auth.mode: \"\(auth.mode)\" is not none, jwt or upstream")
     }
     return problems
   }

@@ -67,6 +67,21 @@ public actor Feed {
 
   private var started = false
 
+  /// Stops the timers of a feed nobody reads (an idle account's): `start()` starts them again. The ring stays.
+  public func pause() {
+    guard subscribers.isEmpty else { return }
+    heartbeatTimer?.cancel()
+    heartbeatTimer = nil
+    ageTimer = nil
+    started = false
+  }
+
+  /// Bytes the replay ring holds (per-user relaying bounds their sum over accounts).
+  public var ringBytes: Int { ring.byteCount }
+
+  /// Drops ring events older than the age bound (a paused feed's timer does not).
+  public func evictExpired() { ring.evictExpired(now: MonotonicClock.seconds()) }
+
   /// The timer that ends streams at their maximum age or their token's expiry: started with the first stream
   /// that has either. A tick costs one comparison until the earliest end is due.
   private func startEndTimer() {
@@ -272,6 +287,11 @@ public actor Feed {
 
   private func remove(_ subscriber: Subscriber) {
     guard !subscriber.isClosed else { return }
+    let position = subscriber.registryIndex
+    guard position >= 0, position < subscribers.count, subscribers[position] === subscriber else {
+      assertionFailure("detached from a feed it is not attached to")
+      return
+    }
     subscriber.isClosed = true
     let index = subscriber.registryIndex
     let lastIndex = subscribers.count - 1
@@ -408,6 +428,16 @@ public actor Feed {
     remove(subscriber)
     subscriber.sink.write([notice])
     subscriber.sink.finish()
+  }
+
+  /// Ends every stream with a last id-less event of `type` (per-user relaying: `credential-revoked`). Returns how
+  /// many were ended.
+  @discardableResult
+  public func endAll(type: String, data: String) -> Int {
+    let last = ByteSlice(SSEEncoder.event(id: nil, type: type, data: data))
+    let ending = subscribers
+    for subscriber in ending where !subscriber.isClosed { end(subscriber, with: last) }
+    return ending.count
   }
 
   /// Sends `comment` to every subscriber and ends every stream cleanly. With a `spread` window the streams are

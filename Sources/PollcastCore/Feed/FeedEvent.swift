@@ -67,4 +67,24 @@ public struct FeedStatistics: Sendable, Equatable {
   public var ringBytes = 0
   public var ringEvicted = 0
   public var headID: UInt64 = 0
+
+  /// Adds another feed's counts (per-user relaying reports all accounts' feeds as one). Their events count under
+  /// the stream name `accounts`: one label per account would make the metric's cardinality unbounded.
+  public mutating func absorb(_ other: FeedStatistics) {
+    subscribersConnected += other.subscribersConnected
+    subscribersTotal += other.subscribersTotal
+    eventsPublished += other.eventsPublished
+    if other.eventsPublished > 0 { eventsPublishedByStream["accounts", default: 0] += other.eventsPublished }
+    replayedEvents += other.replayedEvents
+    resumes += other.resumes
+    for (reason, count) in other.resetsByReason { resetsByReason[reason, default: 0] += count }
+    slowConsumerDisconnects += other.slowConsumerDisconnects
+    agedOut += other.agedOut
+    heartbeatsSent += other.heartbeatsSent
+    tokenExpiries += other.tokenExpiries
+    bytesQueued += other.bytesQueued
+    ringEvents += other.ringEvents
+    ringBytes += other.ringBytes
+    ringEvicted += other.ringEvicted
+  }
 }

@@ -21,6 +21,8 @@ public actor SSEServer {
   private var routes: [String: Route] = [:]
   /// `auth.mode = jwt`: the token verifier (nil with `none`).
   private let verifier: JWTVerifier?
+  /// `auth.mode = upstream`: the per-account feeds and loops (nil otherwise).
+  public nonisolated let hub: AccountHub?
   private var admission: Admission
   private let addresses: ClientAddressResolver
   private var retryRandom = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
@@ -41,9 +43,11 @@ public actor SSEServer {
     }
   }
 
-  public init(loop: EventLoop, feed: Feed, settings: ServerSettings, logger: Logger) {
+  public init(loop: EventLoop, feed: Feed, settings: ServerSettings, logger: Logger, hub: AccountHub? = nil) {
     // The server enters the feed with assumeIsolated: both must run on the same loop.
     precondition(feed.loop === loop, "the SSE server and its feed must share one event loop")
+    precondition(hub.map { $0.loop === loop } ?? true, "the SSE server and the account hub must share one loop")
+    self.hub = hub
     self.loop = loop
     self.feed = feed
     self.settings = settings
@@ -120,7 +124,8 @@ public actor SSEServer {
   public func shutdown(deadline: Double = 5, spread: Double = 0) async {
     guard let listener else { return }
     listener.stopAccepting()
-    let ended = await feed.finishAll(comment: "pollcast shutting down", spread: spread)
+    var ended = await feed.finishAll(comment: "pollcast shutting down", spread: spread)
+    if let hub { ended += await hub.shutdown(comment: "pollcast shutting down", spread: spread) }
     logger.info("ending streams", metadata: ["streams": "\(ended)"])
     let until = MonotonicClock.seconds() + max(0, deadline - spread)
     while openStreams > 0 && MonotonicClock.seconds() < until {
@@ -259,6 +264,10 @@ public actor SSEServer {
       return
     }
     let ask = StreamAsk(streams: streams, requestedID: requestedID, address: address, cors: cors)
+    if let hub {
+      openAccountStream(request, ask, hub: hub, query: query)
+      return
+    }
     guard let verifier else {
       openStream(request, ask, identity: nil)
       return
@@ -294,6 +303,73 @@ public actor SSEServer {
     }
   }
 
+  /// `auth.mode = upstream`: the subscriber's legacy key opens its account's feed. A key the hub already knows
+  /// (accepted for an active account, or refused lately) is answered in this turn; otherwise the request waits,
+  /// watched, while the legacy API is asked.
+  private func openAccountStream(
+    _ request: HTTPRequest, _ ask: StreamAsk, hub: AccountHub, query: [(String, String)]
+  ) {
+    guard
+      let (credential, _) = CredentialExtractor.extract(
+        authorization: request.header("Authorization"), cookie: request.header("Cookie"), query: query,
+        cookieName: settings.access.cookieName, allowQuery: settings.access.allowQueryToken)
+    else {
+      authFailures["missing", default: 0] += 1
+      unauthorized(request, reason: "missing", message: missingCredentialMessage, cors: ask.cors)
+      return
+    }
+    if let known = hub.assumeIsolated({ $0.cached(credential) }) {
+      answer(request, ask, known)
+      return
+    }
+    guard let pending = PendingRequest(request, loop: loop) else { return }
+    listener?.responseStaysOpen()
+    Task {
+      let outcome = await hub.resolve(credential)
+      guard let request = pending.resume() else { return }  // the client left meanwhile
+      request.addHeader("Connection", "close")  // no keep-alive deadline was armed for a parked request
+      answer(request, ask, outcome)
+    }
+  }
+
+  private func answer(_ request: HTTPRequest, _ ask: StreamAsk, _ outcome: AccountHub.Outcome) {
+    switch outcome {
+    case .admitted(let account):
+      openStream(request, ask, identity: nil, account: account)
+    case .refused(let reason):
+      authFailures[reason, default: 0] += 1
+      admission.recordFailure(ask.address, now: MonotonicClock.seconds())
+      unauthorized(
+        request, reason: reason, message: "the legacy API does not accept this key", cors: ask.cors)
+    case .unavailable:
+      admission.count(.upstreamUnavailable)
+      unavailable(
+        request, error: "upstream_unavailable", message: "the legacy API could not check the key: retry later",
+        cors: ask.cors)
+    case .full:
+      admission.count(.maxAccounts)
+      unavailable(
+        request, error: "max_accounts", message: "the relay serves as many accounts as it may: retry later",
+        cors: ask.cors)
+    case .busy:
+      admission.count(.busy)
+      unavailable(
+        request, error: "busy", message: "too many key checks waiting for the legacy API: retry later",
+        cors: ask.cors)
+    }
+  }
+
+  /// 503 with a jittered Retry-After and a JSON body naming why.
+  private func unavailable(_ request: HTTPRequest, error: String, message: String, cors: [(String, String)]) {
+    let retry = Admission.retryAfter(base: 5, random: &retryRandom)
+    let body = JSONText.object([
+      "error": JSONText.quoted(error), "message": JSONText.quoted(message), "retry_after": String(retry),
+    ])
+    request.respond(
+      status: 503, reason: "Service Unavailable", contentType: "application/json", body: body + "\n",
+      headers: cors + [("Retry-After", String(retry)), ("Cache-Control", "no-store")])
+  }
+
   /// What a `/events` request asked for, carried across an off-loop credential check.
   private struct StreamAsk: Sendable {
     var streams: Set<String>?
@@ -305,14 +381,20 @@ public actor SSEServer {
   /// Applies the credential check's outcome (nil: `auth.mode = none`), then the descriptor reserve and admission,
   /// then starts the stream.
   private func openStream(
-    _ request: HTTPRequest, _ ask: StreamAsk, identity: Result<TokenClaims, TokenRejection>?
+    _ request: HTTPRequest, _ ask: StreamAsk, identity: Result<TokenClaims, TokenRejection>?,
+    account: AccountHub.Account? = nil
   ) {
+    let feed = account?.feed ?? self.feed
     let cors = ask.cors
     let address = ask.address
     var streams = ask.streams
     let requestedID = ask.requestedID
-    var subject: String?
+    var subject = account.map { "account:\($0.key)" }
     var expiry: (monotonic: Double, unix: Double)?
+    if let account, let asked = streams, let outside = asked.subtracting(account.streams).sorted().first {
+      forbidden(request, stream: outside, cors: cors, by: "this account does not read this stream")
+      return
+    }
     switch identity {
     case nil:
       break
@@ -328,7 +410,7 @@ public actor SSEServer {
       if let allowed = claims.streams {
         if let asked = streams {
           if let outside = asked.subtracting(allowed).sorted().first {
-            forbidden(request, stream: outside, cors: cors)
+            forbidden(request, stream: outside, cors: cors, by: "the token does not grant this stream")
             return
           }
         } else {
@@ -337,7 +419,7 @@ public actor SSEServer {
       }
     }
     if request.method == .head {
-      addStreamHeaders(request, cors: cors)
+      addStreamHeaders(request, cors: cors, feed: feed)
       evhttp_send_reply(request.raw, 200, "OK", nil)
       return
     }
@@ -377,7 +459,7 @@ public actor SSEServer {
       return
     }
     // The stream's headers go on only now: a refusal above is a plain answer with its own Content-Type.
-    addStreamHeaders(request, cors: cors)
+    addStreamHeaders(request, cors: cors, feed: feed)
     // Streams end only when the server ends them; closing lets evhttp free the connection with the reply.
     request.addHeader("Connection", "close")
     let sink = SSEConnection(request: request.raw, connection: connection, scratch: scratch, loop: loop)
@@ -391,14 +473,14 @@ public actor SSEServer {
       self?.assumeIsolated { server in
         server.openStreams -= 1
         server.admission.release(address: address, subject: subject)
-        server.feed.assumeIsolated { $0.detach(subscriber) }
+        feed.assumeIsolated { $0.detach(subscriber) }  // its own feed: the shared one, or its account's
       }
     }
   }
 
   /// 503: too many token checks are waiting for the checking thread.
   private func refuseBusy(_ request: HTTPRequest, cors: [(String, String)]) {
-    authFailures["busy", default: 0] += 1
+    admission.count(.busy)
     let retry = Admission.retryAfter(base: 2, random: &retryRandom)
     let body = JSONText.object([
       "error": JSONText.quoted("busy"), "message": JSONText.quoted("too many token checks waiting: retry later"),
@@ -409,7 +491,7 @@ public actor SSEServer {
       headers: cors + [("Retry-After", String(retry)), ("Cache-Control", "no-store")])
   }
 
-  private func addStreamHeaders(_ request: HTTPRequest, cors: [(String, String)]) {
+  private func addStreamHeaders(_ request: HTTPRequest, cors: [(String, String)], feed: Feed) {
     let head = feed.assumeIsolated { $0.headID }
     request.addHeader("Content-Type", "text/event-stream; charset=utf-8")
     request.addHeader("Cache-Control", "no-cache, no-store, no-transform")
@@ -419,8 +501,9 @@ public actor SSEServer {
   }
 
   private var missingCredentialMessage: String {
-    "a token is required: Authorization: Bearer <token>, or the cookie \(settings.access.cookieName)"
-      + (settings.access.allowQueryToken ? ", or ?access_token=<token>" : "")
+    let what = hub == nil ? "token" : "key"
+    return "a \(what) is required: Authorization: Bearer <\(what)>, or the cookie \(settings.access.cookieName)"
+      + (settings.access.allowQueryToken ? ", or ?access_token=<\(what)>" : "")
   }
 
   /// 401 with `WWW-Authenticate: Bearer` and a JSON body naming the reason. The credential is never echoed.
@@ -429,8 +512,9 @@ public actor SSEServer {
       reason == "missing"
       ? "Bearer realm=\"pollcast\""
       : "Bearer realm=\"pollcast\", error=\"invalid_token\", error_description=\"\(reason)\""
+    let noun = hub == nil ? "token" : "credential"
     let body = JSONText.object([
-      "error": JSONText.quoted(reason == "missing" ? "missing_token" : "invalid_token"),
+      "error": JSONText.quoted(reason == "missing" ? "missing_\(noun)" : "invalid_\(noun)"),
       "reason": JSONText.quoted(reason), "message": JSONText.quoted(message),
     ])
     request.respond(
@@ -438,10 +522,10 @@ public actor SSEServer {
       headers: cors + [("WWW-Authenticate", challenge), ("Cache-Control", "no-store")])
   }
 
-  private func forbidden(_ request: HTTPRequest, stream: String, cors: [(String, String)]) {
+  private func forbidden(_ request: HTTPRequest, stream: String, cors: [(String, String)], by message: String) {
     let body = JSONText.object([
       "error": JSONText.quoted("forbidden_stream"), "stream": JSONText.quoted(String(stream.prefix(256))),
-      "message": JSONText.quoted("the token does not grant this stream"),
+      "message": JSONText.quoted(message),
     ])
     request.respond(
       status: 403, reason: "Forbidden", contentType: "application/json", body: body + "\n",
@@ -456,7 +540,10 @@ public actor SSEServer {
       switch refusal {
       case .maxConnections: "the relay is at its stream limit: retry later"
       case .perAddress: "too many streams from this address"
-      case .perSubject: "too many streams for this subject"
+      case .perSubject: hub == nil ? "too many streams for this subject" : "too many streams for this account"
+      case .maxAccounts: "the relay serves as many accounts as it may"
+      case .upstreamUnavailable: "the legacy API could not check the key"
+      case .busy: "too many credential checks waiting"
       case .authThrottled: "too many failed credential checks from this address"
       }
     let body = JSONText.object([

@@ -51,6 +51,8 @@ public struct AccessSettings: Sendable, Equatable {
   /// `maxConnections` 0 here means automatic (from the descriptor limit, at start).
   public var admission: Admission.Limits
   public var trustedProxies: [AddressBlock]
+  /// `auth.mode = upstream`: each subscriber presents its own legacy key.
+  public var perUser = false
 
   public init(
     jwt: JWTSettings? = nil, cookieName: String = "pollcast_token", allowQueryToken: Bool = false,
@@ -63,5 +65,5 @@ public struct AccessSettings: Sendable, Equatable {
     self.trustedProxies = trustedProxies
   }
 
-  public var mode: String { jwt == nil ? "none" : "jwt" }
+  public var mode: String { perUser ? "upstream" : jwt == nil ? "none" : "jwt" }
 }

@@ -10,8 +10,34 @@ public enum LivePage {
   /// The page; with `auth.mode = jwt` it also explains how a backend mints a token and lets you paste one (it
   /// goes into the credential cookie, which `EventSource` sends on every reconnect).
   public static func render(access: AccessSettings) -> String {
-    guard let jwt = access.jwt else { return template.replacingOccurrences(of: "<!--auth-->", with: "") }
     let cookie = access.cookieName
+    let script = """
+      <script>
+      document.getElementById("token-form").addEventListener("submit", (event) => {
+        event.preventDefault();
+        const token = document.getElementById("token").value.trim();
+        document.cookie = "\(cookie)=" + encodeURIComponent(token) + "; path=/; SameSite=Strict";
+        window.location.reload();
+      });
+      </script>
+      """
+    if access.perUser {
+      let section = """
+        <details id="auth" open>
+          <summary>This relay shows each user their own account (<code>auth.mode = upstream</code>)</summary>
+          <p>Enter the API key your legacy application uses: the relay opens that account's session with the
+          legacy API and streams only its messages (its own and its linked account's). The key goes into the cookie
+          <code>\(cookie)</code>, which <code>EventSource</code> sends on every reconnect\(
+            access.allowQueryToken ? " (or pass it as <code>?access_token=</code>)" : ""); curl sends it as
+          <code>Authorization: Bearer</code>. The relay keeps it in memory only while the account is active and
+          never logs it.</p>
+          <form id="token-form"><input id="token" size="40" placeholder="your API key" autocomplete="off"
+          type="password"> <button>use it</button></form>
+        </details>
+        """
+      return template.replacingOccurrences(of: "<!--auth-->", with: section + script)
+    }
+    guard let jwt = access.jwt else { return template.replacingOccurrences(of: "<!--auth-->", with: "") }
     let section = """
       <details id="auth" open>
         <summary>This relay wants a signed token (<code>auth.mode = jwt</code>, \(jwt.algorithm.rawValue))</summary>
@@ -30,16 +56,6 @@ public enum LivePage {
         <form id="token-form"><input id="token" size="60" placeholder="paste a token" autocomplete="off">
         <button>use it</button></form>
       </details>
-      """
-    let script = """
-      <script>
-      document.getElementById("token-form").addEventListener("submit", (event) => {
-        event.preventDefault();
-        const token = document.getElementById("token").value.trim();
-        document.cookie = "\(cookie)=" + encodeURIComponent(token) + "; path=/; SameSite=Strict";
-        window.location.reload();
-      });
-      </script>
       """
     return template.replacingOccurrences(of: "<!--auth-->", with: section + script)
   }
@@ -171,6 +187,12 @@ public enum LivePage {
         state.tokenExpired = data;
         notice("Your token expired (exp " + data.expired_at + "). Get a fresh one: with the cookie, the browser's " +
                "reconnect then resumes from id " + (state.lastId ?? "–") + " with nothing lost.");
+      });
+      source.addEventListener("credential-revoked", (event) => {
+        let data = {};
+        try { data = JSON.parse(event.data); } catch (error) {}
+        state.credentialRevoked = data;
+        notice("The legacy API no longer accepts this key (" + data.reason + "): enter a valid one to go on.");
       });
       source.addEventListener("upstream", (event) => {
         let data = {};

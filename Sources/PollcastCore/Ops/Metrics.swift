@@ -2,8 +2,10 @@
 public enum Metrics {
   public static func render(
     _ stats: FeedStatistics, upstream: UpstreamStatistics? = nil, loopLag: (last: Double, max: Double)? = nil,
-    protection: SSEServer.ProtectionCounters? = nil
+    protection: SSEServer.ProtectionCounters? = nil, accounts: AccountHub.Statistics? = nil
   ) -> String {
+    var stats = stats
+    if let accounts { stats.absorb(accounts.feeds) }
     var out = ""
     func metric(_ name: String, _ type: String, _ help: String, _ samples: [(labels: String, value: String)]) {
       out += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
@@ -81,6 +83,43 @@ public enum Metrics {
         [("", String(loopLag.last))])
       metric(
         "pollcast_event_loop_lag_max_seconds", "gauge", "The largest event loop lag seen.", [("", String(loopLag.max))])
+    }
+    if let accounts {
+      one(
+        "pollcast_accounts_active", "gauge", "Accounts whose upstream loop runs (auth.mode upstream).",
+        accounts.activeAccounts)
+      one(
+        "pollcast_accounts_retained", "gauge", "Accounts kept with their ring for resumes, active or idle.",
+        accounts.retainedAccounts)
+      one("pollcast_account_starts_total", "counter", "Account upstream loops started.", accounts.accountStarts)
+      one(
+        "pollcast_account_stops_total", "counter", "Account upstream loops stopped (idle, evicted, revoked).",
+        accounts.accountStops)
+      metric(
+        "pollcast_account_evictions_total", "counter", "Idle accounts dropped with their ring, by bound.",
+        ["max_retained_accounts", "max_total_ring_bytes"].map {
+          ("{reason=\"\($0)\"}", String(accounts.evictions[$0] ?? 0))
+        })
+      one(
+        "pollcast_account_revocations_total", "counter", "Accounts whose key the upstream refused while polling.",
+        accounts.revocations)
+      metric(
+        "pollcast_credential_checks_total", "counter", "Subscriber keys checked, by outcome.",
+        ["accepted", "accepted_cached", "refused", "refused_cached", "unavailable", "full", "busy"].map {
+          ("{outcome=\"\($0)\"}", String(accounts.credentialChecks[$0] ?? 0))
+        })
+      one(
+        "pollcast_credential_checks_pending", "gauge", "Key checks waiting for the upstream now.",
+        accounts.pendingChecks)
+      one(
+        "pollcast_account_ring_bytes", "gauge", "Ring bytes over all accounts (checked once a second).",
+        accounts.ringBytes)
+      one(
+        "pollcast_account_polls_in_flight", "gauge", "Upstream polls in flight over all accounts.",
+        accounts.pollsInFlight)
+      one(
+        "pollcast_account_max_polls_in_flight", "gauge", "Most polls one account had in flight at once (1).",
+        accounts.maxPollsInFlightPerAccount)
     }
     guard let upstream else { return out }
     metric(

@@ -107,7 +107,13 @@ public enum PollcastCommand {
     logger.info(
       "listening",
       metadata: ["address": relay.address, "version": PollcastVersion.current, "max_open_files": String(descriptors)])
-    if demo != nil { logger.info("demo running: curl -N http://\(relay.address)/events") }
+    if demo != nil && configuration.auth.mode == "upstream" {
+      logger.info(
+        "demo running, per-user: curl -N -H 'Authorization: Bearer key-1000' http://\(relay.address)/events",
+        metadata: ["demo_accounts": "dev-key (user 101, linked 202), key-1000 … key-1009"])
+    } else if demo != nil {
+      logger.info("demo running: curl -N http://\(relay.address)/events")
+    }
     // SIGHUP re-reads the token keys (rotation without a restart); a bad key set keeps the previous one.
     let reloader = configuration.auth.mode == "jwt" ? KeyReloader(relay: relay, configuration: configuration) : nil
     await reloader?.start()

@@ -7,6 +7,8 @@ public final class Relay: Sendable {
   public let feed: Feed
   public let server: SSEServer
   public let worker: UpstreamWorker?
+  /// `auth.mode = upstream`: one feed and loop per account (the shared feed then stays empty).
+  public var hub: AccountHub? { server.hub }
   /// `host:port` the server listens on.
   public let address: String
   public let logger: Logger
@@ -52,7 +54,8 @@ public final class Relay: Sendable {
   /// Starts a loop thread, the feed, the server and (when given) the upstream worker.
   public static func start(
     server serverSettings: ServerSettings, feed feedSettings: FeedSettings, logger: Logger,
-    ids: EventIDAllocator = EventIDAllocator(), upstream: Upstream? = nil, shutdownSpread: Double = 0
+    ids: EventIDAllocator = EventIDAllocator(), upstream: Upstream? = nil,
+    accounts: (upstream: AccountHub.Upstream, settings: AccountHub.Settings)? = nil, shutdownSpread: Double = 0
   ) async throws -> Relay {
     let loop = try EventLoop()
     loop.start()
@@ -63,27 +66,40 @@ public final class Relay: Sendable {
     if let upstream {
       worker = try await makeWorker(loop: loop, feed: feed, upstream: upstream, logger: logger)
     }
-    let server = SSEServer(loop: loop, feed: feed, settings: serverSettings, logger: logger)
+    var hub: AccountHub?
+    if let accounts {
+      hub = try await loop.submit { () throws(UpstreamError) -> AccountHub in
+        try AccountHub(loop: loop, upstream: accounts.upstream, settings: accounts.settings, logger: logger)
+      }
+      await hub?.start()
+    }
+    let server = SSEServer(loop: loop, feed: feed, settings: serverSettings, logger: logger, hub: hub)
     let page = LivePage.render(access: serverSettings.access)
     await server.addRoute("/", .init { (200, "text/html; charset=utf-8", page) })
     await server.addRoute("/healthz", .init { (200, "application/json", "{\"status\":\"ok\"}\n") })
     await server.addRoute(
       "/readyz",
-      .init { [worker] in
-        let (ready, reason) = worker?.assumeIsolated { $0.readiness() } ?? (true, "no upstream configured")
+      .init { [worker, hub] in
+        var (ready, reason) = worker?.assumeIsolated { $0.readiness() } ?? (true, "no upstream configured")
+        if let hub {
+          let active = hub.assumeIsolated { $0.statistics().activeAccounts }
+          (ready, reason) = (true, "per-user relaying: \(active) accounts active")
+        }
         let body = JSONText.object(["ready": ready ? "true" : "false", "reason": JSONText.quoted(reason)]) + "\n"
         return (ready ? 200 : 503, "application/json", body)
       })
     await server.addRoute(
       "/metrics",
-      .init { [feed, worker, lagProbe, weak server] in
+      .init { [feed, worker, lagProbe, hub, weak server] in
         let stats = feed.assumeIsolated { $0.statistics() }
         let upstream = worker?.assumeIsolated { $0.snapshot() }
+        let accounts = hub?.assumeIsolated { $0.statistics() }
         let protection = server?.assumeIsolated { $0.protectionCounters }
         return (
           200, "text/plain; version=0.0.4; charset=utf-8",
           Metrics.render(
-            stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag), protection: protection)
+            stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag), protection: protection,
+            accounts: accounts)
         )
       })
     let address: String
@@ -117,8 +133,17 @@ public final class Relay: Sendable {
   }
 
   public static func start(configuration: Configuration) async throws -> Relay {
+    let perUser = configuration.auth.mode == "upstream" && configuration.hasUpstream
+    let accounts =
+      perUser
+      ? (
+        upstream: AccountHub.Upstream(
+          makeAdapter: { configuration.makeAdapter(credential: $0) }, worker: configuration.workerSettings,
+          feed: configuration.feedSettings, maxBodyBytes: configuration.upstream.maxBodyBytes),
+        settings: configuration.accountSettings
+      ) : nil
     let upstream =
-      configuration.hasUpstream
+      configuration.hasUpstream && !perUser
       ? Upstream(
         adapter: configuration.makeAdapter(), settings: configuration.workerSettings,
         apiKey: configuration.upstream.apiKey, maxBodyBytes: configuration.upstream.maxBodyBytes) : nil
@@ -126,7 +151,7 @@ public final class Relay: Sendable {
     server.access.jwt = try configuration.jwtSettings()
     return try await start(
       server: server, feed: configuration.feedSettings, logger: configuration.logger,
-      upstream: upstream, shutdownSpread: configuration.server.shutdownSpreadSeconds)
+      upstream: upstream, accounts: accounts, shutdownSpread: configuration.server.shutdownSpreadSeconds)
   }
 
   /// The port the server listens on.

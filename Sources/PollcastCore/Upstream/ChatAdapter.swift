@@ -31,6 +31,15 @@ public final class ChatAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-
 
   public func invalidateSession() { token = nil }
 
+  /// Creates the session with the client's API key (if there is none yet) and returns its user id.
+  public func identify(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
+    async throws(UpstreamError) -> UpstreamIdentity?
+  {
+    if token == nil { try await createSession(client) }
+    guard let userID else { throw UpstreamError(.sessionExpired, "no session") }
+    return UpstreamIdentity(user: userID, streams: [userID] + (linkedUserID.map { [$0] } ?? []))
+  }
+
   public func prepare(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> UpstreamPreparation
   {

@@ -21,6 +21,9 @@ public final class CurlTransport: @unchecked Sendable {
   /// Transfers currently in progress.
   public var inFlight: Int { transfers.count }
 
+  /// Transfers in progress started for `owner` (one account's client when several share the transport).
+  public func inFlight(owner: ObjectIdentifier) -> Int { transfers.values.count { $0.owner == owner } }
+
   public init(loop: EventLoop) throws(UpstreamError) {
     _ = CurlTransport.globalInit
     guard let multi = curl_multi_init() else { throw UpstreamError(.transport, "curl_multi_init failed") }
@@ -46,7 +49,8 @@ public final class CurlTransport: @unchecked Sendable {
   /// Starts `request`; `completion` runs on the loop unless the transfer is cancelled first.
   @discardableResult
   public func start(
-    _ request: UpstreamRequest, completion: @escaping (Result<UpstreamResponse, UpstreamError>) -> Void
+    _ request: UpstreamRequest, owner: ObjectIdentifier? = nil,
+    completion: @escaping (Result<UpstreamResponse, UpstreamError>) -> Void
   ) -> Int {
     loop.assertOnLoop()
     let id = nextTransferID
@@ -56,6 +60,7 @@ public final class CurlTransport: @unchecked Sendable {
       return id
     }
     let transfer = Transfer(id: id, easy: easy, completion: completion, maxBody: maxBodyBytes)
+    transfer.owner = owner
     do throws(UpstreamError) {
       try transfer.configure(request)
       transfers[id] = transfer
@@ -90,9 +95,16 @@ public final class CurlTransport: @unchecked Sendable {
     for id in Array(transfers.keys) { cancel(id) }
   }
 
+  /// Cancels the transfers started for `owner`, leaving the others sharing the transport alone.
+  public func cancelAll(owner: ObjectIdentifier) {
+    for (id, transfer) in transfers where transfer.owner == owner { cancel(id) }
+  }
+
   /// Runs `request` and returns the response. Cancelling the calling task cancels the transfer.
   /// Must be called from an actor that runs on this transport's loop.
-  public func perform(_ request: UpstreamRequest, isolation: isolated (any Actor)? = #isolation)
+  public func perform(
+    _ request: UpstreamRequest, owner: ObjectIdentifier? = nil, isolation: isolated (any Actor)? = #isolation
+  )
     async throws(UpstreamError)
     -> UpstreamResponse
   {
@@ -105,7 +117,7 @@ public final class CurlTransport: @unchecked Sendable {
             return
           }
           pending.continuation = continuation
-          pending.id = start(request) { result in
+          pending.id = start(request, owner: owner) { result in
             guard let continuation = pending.continuation else { return }
             pending.continuation = nil
             continuation.resume(with: result)
@@ -194,6 +206,7 @@ private final class Transfer {
   let easy: UnsafeMutableRawPointer
   let completion: (Result<UpstreamResponse, UpstreamError>) -> Void
   let maxBody: Int
+  var owner: ObjectIdentifier?
   var body: [UInt8] = []
   var bodyTooLarge = false
   var headerList: UnsafeMutablePointer<curl_slist>?

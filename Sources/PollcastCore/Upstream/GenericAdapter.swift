@@ -33,8 +33,19 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
   }
 
   let settings: Settings
+  /// Per-user relaying: the subscriber's credential, put in place of `{credential}` in the headers (as is) and
+  /// the URL template (percent-encoded).
+  let credential: String?
 
-  public init(settings: Settings) { self.settings = settings }
+  public init(settings: Settings, credential: String? = nil) {
+    self.settings = settings
+    self.credential = credential
+  }
+
+  /// Whether the settings carry the subscriber's credential somewhere (per-user mode needs it).
+  public static func usesCredential(_ settings: Settings) -> Bool {
+    settings.urlTemplate.contains("{credential}") || settings.headers.contains { $0.contains("{credential}") }
+  }
 
   public var canSync: Bool { false }
   public var hasSession: Bool { true }
@@ -50,13 +61,13 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
   public func poll(
     _ client: UpstreamClient, cursors: [String: UInt64], isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
-    let url = GenericAdapter.url(template: settings.urlTemplate, cursor: cursors[settings.stream] ?? 0)
+    var url = GenericAdapter.url(template: settings.urlTemplate, cursor: cursors[settings.stream] ?? 0)
+    if let credential { url = url.replacingOccurrences(of: "{credential}", with: encodeQueryValue(credential)) }
     let headers = settings.headers.compactMap { line -> (String, String)? in
       guard let colon = line.firstIndex(of: ":") else { return nil }
-      return (
-        String(line[..<colon]).trimmingCharacters(in: .whitespaces),
-        String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
-      )
+      var value = String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
+      if let credential { value = value.replacingOccurrences(of: "{credential}", with: credential) }
+      return (String(line[..<colon]).trimmingCharacters(in: .whitespaces), value)
     }
     let response = try await client.send(
       UpstreamRequest(

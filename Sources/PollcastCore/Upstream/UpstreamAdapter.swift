@@ -80,6 +80,26 @@ public protocol UpstreamAdapter: AnyObject, Sendable {
   func invalidateSession()
   /// Whether `prepare` reads the server's newest ids (a resync is worth a call).
   var canSync: Bool { get }
+  /// Per-user relaying: whose account the adapter's credential opens. An API with a session step creates the
+  /// session (kept for the first poll) and returns its user id; one without returns nil, and the account is keyed
+  /// by the credential (a refused credential then shows on the first poll). A 401 or 403 means the credential is
+  /// refused; any other failure means the upstream could not tell.
+  func identify(_ client: UpstreamClient, isolation: isolated (any Actor)?) async throws(UpstreamError)
+    -> UpstreamIdentity?
+}
+
+/// Whose account a credential opens, as the legacy API's session call says: the user and the streams its
+/// session reads (its own, then its linked account's).
+public struct UpstreamIdentity: Sendable, Equatable {
+  public var user: String
+  public var streams: [String]
+}
+
+extension UpstreamAdapter {
+  // No default for `isolation` here: a call without it would bind statically to this and skip the adapter's own.
+  public func identify(_ client: UpstreamClient, isolation: isolated (any Actor)?)
+    async throws(UpstreamError) -> UpstreamIdentity?
+  { nil }
 }
 
 extension UpstreamResponse {

@@ -26,12 +26,26 @@ public struct AuthInterceptor: UpstreamInterceptor {
 /// Logs each request and its outcome with tokens and keys redacted from the URL; headers are never logged.
 public struct LoggingInterceptor: UpstreamInterceptor {
   let logger: Logger
-  public init(logger: Logger) { self.logger = logger }
+  /// Values never shown, wherever they stand in a URL (a subscriber's credential in a path).
+  let secrets: [String]
+  public init(logger: Logger, secrets: [String] = []) {
+    self.logger = logger
+    self.secrets = secrets.filter { !$0.isEmpty }
+  }
+
+  private func shown(_ url: String) -> String {
+    var text = redactURL(url)
+    for secret in secrets {
+      text = text.replacingOccurrences(of: secret, with: "[redacted]")
+      text = text.replacingOccurrences(of: encodeQueryValue(secret), with: "[redacted]")
+    }
+    return text
+  }
 
   public func prepare(_ request: inout UpstreamRequest) {
     logger.trace(
       "upstream request",
-      metadata: ["upstream.call": request.label, "url": redactURL(request.url), "method": request.method])
+      metadata: ["upstream.call": request.label, "url": shown(request.url), "method": request.method])
   }
 
   public func completed(_ request: UpstreamRequest, outcome: Result<UpstreamResponse, UpstreamError>) {
@@ -48,7 +62,7 @@ public struct LoggingInterceptor: UpstreamInterceptor {
     case .failure(let error):
       logger.debug(
         "upstream request failed",
-        metadata: ["upstream.call": request.label, "url": redactURL(request.url), "error": error.description])
+        metadata: ["upstream.call": request.label, "url": shown(request.url), "error": error.description])
     }
   }
 }
@@ -108,11 +122,17 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     for interceptor in interceptors { interceptor.prepare(&prepared) }
     let outcome: Result<UpstreamResponse, UpstreamError>
     do {
-      outcome = .success(try await transport.perform(prepared))
+      outcome = .success(try await transport.perform(prepared, owner: ObjectIdentifier(self)))
     } catch {
       outcome = .failure(error)
     }
     for interceptor in interceptors.reversed() { interceptor.completed(prepared, outcome: outcome) }
     return try outcome.get()
   }
+
+  /// Cancels this client's transfers (not those of other clients sharing the transport).
+  public func cancelAll() { transport.cancelAll(owner: ObjectIdentifier(self)) }
+
+  /// This client's transfers in progress.
+  public var inFlight: Int { transport.inFlight(owner: ObjectIdentifier(self)) }
 }

@@ -26,6 +26,10 @@ public actor UpstreamWorker {
     public var resyncInterval: Double = 60
     /// Events published per loop turn: a huge answer is relayed in slices so no turn holds the loop for long.
     public var publishSlice = 1000
+    /// Per-user relaying: a refused credential (401 or 403 where a session is created, or on a poll that has no
+    /// session step) means the subscriber's key was revoked. The worker stops and calls `onKeyRefused` instead of
+    /// backing off and retrying a key that will not work again.
+    public var stopWhenKeyRefused = false
     public init() {}
   }
 
@@ -57,6 +61,7 @@ public actor UpstreamWorker {
   /// duplicate); one that is not means the upstream's ids went backwards.
   private var recent: [String: RecentIDs] = [:]
   private var logLimiter = LogLimiter()
+  private var keyRefused: (@Sendable (UpstreamError) -> Void)?
   public private(set) var state: State = .stopped
   public private(set) var statistics = UpstreamStatistics()
 
@@ -96,6 +101,34 @@ public actor UpstreamWorker {
     beginCycle()
   }
 
+  /// Where polling stands: the streams and their cursors. A worker started later with `restore(_:)` polls on from
+  /// there (per-user relaying stops an idle account's worker and makes a new one when a subscriber returns).
+  public struct Position: Sendable, Equatable {
+    public var streams: [String]
+    public var cursors: [String: UInt64]
+  }
+
+  public func position() -> Position? {
+    streams.isEmpty ? nil : Position(streams: streams, cursors: cursors)
+  }
+
+  /// Before `start()`: poll on from `position`. What the upstream received meanwhile is relayed as live
+  /// (`backlog: false`): it is news the subscribers have not seen, not history from before they came.
+  public func restore(_ position: Position) {
+    guard !running else { return }
+    streams = position.streams
+    cursors = position.cursors
+    hadSession = true
+    restored = true
+  }
+
+  private var restored = false
+
+  /// Called (on the loop) when `settings.stopWhenKeyRefused` is set and the upstream refused the key.
+  public func onKeyRefused(_ handler: @escaping @Sendable (UpstreamError) -> Void) {
+    keyRefused = handler
+  }
+
   /// Stops polling: cancels the request in flight and any pending retry. Cursors are kept.
   public func stop() {
     running = false
@@ -123,7 +156,7 @@ public actor UpstreamWorker {
     cycle = nil
     // The task's cancellation reaches the transfer through the loop; cancel here too so nothing of the old
     // cycle is in flight when the next one starts.
-    client.transport.cancelAll()
+    client.cancelAll()
     statistics.pollsInFlight = 0
   }
 
@@ -238,7 +271,15 @@ public actor UpstreamWorker {
             continue
           }
         }
-        if case .status(401) = error.kind {
+        if case .status(let code) = error.kind, code == 401 || (code == 403 && settings.stopWhenKeyRefused) {
+          if settings.stopWhenKeyRefused {
+            logger.warning(
+              "upstream refused the subscriber's key: ending the account's streams",
+              metadata: ["error": error.description])
+            stop()
+            keyRefused?(error)
+            return
+          }
           logger.error("upstream refused the API key", metadata: ["error": error.description])
         }
         let delay = backoff.nextDelay(using: &random)
@@ -294,7 +335,7 @@ public actor UpstreamWorker {
         continue
       }
       guard let serverLast else { continue }
-      if serverLast > cursor {
+      if serverLast > cursor && !restored {
         backlogUntil[stream] = max(backlogUntil[stream] ?? 0, serverLast)
       } else if serverLast < cursor {
         // The server's ids went backwards (its data was reset): follow it rather than wait forever.
@@ -310,6 +351,7 @@ public actor UpstreamWorker {
     }
     streams = next
     hadSession = true
+    restored = false
     if !notices.isEmpty { _ = feed.assumeIsolated { $0.publish(notices) } }
     updateLiveness()
   }
@@ -450,7 +492,7 @@ public actor UpstreamWorker {
     var copy = statistics
     copy.cursors = cursors
     copy.hasSession = adapter.hasSession
-    copy.transportInFlight = client.transport.inFlight
+    copy.transportInFlight = client.inFlight
     return copy
   }
 

@@ -1,0 +1,538 @@
+import Foundation
+
+/// Per-user relaying (`auth.mode = upstream`): one feed and one upstream loop per legacy account, shared by every
+/// connection of that account, whichever of its keys the connection presents.
+///
+/// - A subscriber's credential is checked once with the legacy API (the chat API's session call says whose it
+///   is). The session that check opened becomes the account's own when the account starts, so a first visit costs
+///   one session. A refused credential is remembered for `credentialCacheSeconds` (a retry costs no legacy call);
+///   an accepted one is trusted as long as its account is active, re-checked on a new connection after the same
+///   time.
+/// - An account's loop starts with its first subscriber and keeps polling for `grace` seconds after its last one
+///   leaves (a page reload resumes with no gap); then it stops and the account's keys are forgotten. Its ring stays
+///   for resumes, and its cursors: a subscriber who comes back later is sent what arrived meanwhile.
+/// - Bounds: active accounts (`maxActiveAccounts`; accounts still in their grace period make room first), kept
+///   accounts (`maxRetainedAccounts`) and ring bytes over all accounts (`maxTotalRingBytes`); idle accounts are
+///   evicted least recently used first, and a resume into an evicted account gets `reset` `too_old`.
+/// - A key the upstream refuses while its account polls (revoked) ends the account's streams with a last
+///   `event: credential-revoked`. Clients whose key still works reconnect with their Last-Event-ID and lose nothing.
+///
+/// Runs on the event loop, like the feeds, workers and the server it serves.
+public actor AccountHub {
+  public nonisolated let loop: EventLoop
+  public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+  public struct Settings: Sendable, Equatable {
+    /// Accounts polling at once.
+    public var maxActiveAccounts = 10_000
+    /// Accounts kept with their ring for resumes, active or idle.
+    public var maxRetainedAccounts = 50_000
+    /// Ring bytes summed over all accounts.
+    public var maxTotalRingBytes = 256 << 20
+    /// How long an account keeps polling after its last subscriber left.
+    public var grace = 30.0
+    /// How long a refused credential is answered from memory, and an accepted one trusted before a new
+    /// connection checks it again.
+    public var credentialCacheSeconds = 30.0
+    /// Credential checks waiting for the legacy API at once; beyond, 503 `busy`.
+    public var maxPendingChecks = 1000
+    /// Refused credentials remembered (by digest) at most.
+    public var refusedCapacity = 10_000
+    public init() {}
+  }
+
+  /// How each account's upstream side is made.
+  public struct Upstream: Sendable {
+    /// An adapter that sends `credential` (the chat API's session call, a generic header template).
+    public var makeAdapter: @Sendable (_ credential: String) -> UpstreamAdapter
+    public var worker: UpstreamWorker.Settings
+    public var feed: FeedSettings
+    public var maxBodyBytes: Int
+
+    public init(
+      makeAdapter: @escaping @Sendable (_ credential: String) -> UpstreamAdapter, worker: UpstreamWorker.Settings,
+      feed: FeedSettings, maxBodyBytes: Int = 8 << 20
+    ) {
+      self.makeAdapter = makeAdapter
+      self.worker = worker
+      self.feed = feed
+      self.maxBodyBytes = maxBodyBytes
+    }
+  }
+
+  /// The answer to a credential.
+  public enum Outcome: Sendable {
+    case admitted(Account)
+    /// 401: the upstream refused the credential (`reason` for the body and metrics).
+    case refused(reason: String)
+    /// 503: the upstream could not tell (unreachable, failing, answering nonsense).
+    case unavailable
+    /// 503: too many accounts (active or kept) to start another.
+    case full
+    /// 503: too many checks waiting for the upstream.
+    case busy
+  }
+
+  /// One legacy account: its feed (ring and ids), and while active its upstream loop and keys.
+  public final class Account: @unchecked Sendable {  // loop-confined
+    /// `user:<id>`, or `credential:<digest>` for an API without a session step.
+    public let key: String
+    /// What logs and metrics may show: the user id, or `account-<n>`.
+    public let label: String
+    public let feed: Feed
+    fileprivate(set) var worker: UpstreamWorker?
+    /// Where a stopped loop left off.
+    fileprivate var position: UpstreamWorker.Position?
+    /// The streams the session said the account reads, before its loop's first preparation.
+    fileprivate var identifiedStreams: [String]
+    /// Keys accepted for this account while it is active (digest → key, when checked).
+    fileprivate var credentials: [CredentialDigest: (credential: String, checkedAt: Double)] = [:]
+    /// The key the loop polls with.
+    fileprivate var activeCredential: String?
+    fileprivate(set) var subscribers = 0
+    fileprivate var lastUsed: Double
+    fileprivate var graceTimer: LoopTimer?
+
+    fileprivate init(key: String, label: String, feed: Feed, streams: [String], now: Double) {
+      self.key = key
+      self.label = label
+      self.feed = feed
+      self.identifiedStreams = streams
+      self.lastUsed = now
+    }
+
+    /// The streams this account may read now (its loop follows link changes).
+    public var streams: [String] {
+      worker?.assumeIsolated { $0.position()?.streams } ?? position?.streams ?? identifiedStreams
+    }
+
+    public var isActive: Bool { worker != nil }
+  }
+
+  /// What `/metrics` shows.
+  public struct Statistics: Sendable {
+    public var activeAccounts = 0
+    public var retainedAccounts = 0
+    public var accountStarts = 0
+    public var accountStops = 0
+    public var evictions: [String: Int] = [:]
+    public var credentialChecks: [String: Int] = [:]
+    public var revocations = 0
+    public var ringBytes = 0
+    public var pendingChecks = 0
+    public var pollsInFlight = 0
+    public var maxPollsInFlightPerAccount = 0
+    public var subscribers = 0
+    /// Every account's feed counted together (accounts evicted earlier included, so counters never go down;
+    /// gauges such as subscribers and ring sizes cover kept accounts only).
+    public var feeds = FeedStatistics()
+  }
+
+  /// Counters of evicted accounts' feeds.
+  private var retiredFeeds = FeedStatistics()
+
+  private let upstream: Upstream
+  public nonisolated let settings: Settings
+  private let logger: Logger
+  private let transport: CurlTransport
+  private var accounts: [String: Account] = [:]
+  private var activeCount = 0
+  /// Accepted keys of active accounts: digest → account key.
+  private var acceptedIndex: [CredentialDigest: String] = [:]
+  /// Refused keys (by digest only) → until when.
+  private var refused: [CredentialDigest: Double] = [:]
+  /// Checks in flight, by credential: later askers wait for the same answer.
+  private var checking: [CredentialDigest: [CheckedContinuation<Outcome, Never>]] = [:]
+  private var stats = Statistics()
+  private var random = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
+  private let digestSalt = (UInt64.random(in: 0...UInt64.max), UInt64.random(in: 0...UInt64.max))
+  private var nextLabel = 1
+  /// Highest id any evicted account's feed handed out: a new feed starts above it, so ids are never reused.
+  private var highWater: UInt64 = 0
+  private var boundsTimer: LoopTimer?
+  private var logLimiter = LogLimiter()
+  private var stopped = false
+
+  /// Makes the hub and its shared upstream transport (one libcurl multi handle for every account). Call on the
+  /// loop's executor (`loop.submit`).
+  public init(loop: EventLoop, upstream: Upstream, settings: Settings, logger: Logger) throws(UpstreamError) {
+    loop.assertOnLoop()
+    self.loop = loop
+    self.upstream = upstream
+    self.settings = settings
+    self.logger = logger
+    transport = try CurlTransport(loop: loop)
+    transport.maxBodyBytes = upstream.maxBodyBytes
+  }
+
+  /// Starts the once-a-second bounds check (ring bytes over all accounts, age eviction of idle rings).
+  public func start() {
+    guard boundsTimer == nil else { return }
+    let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in
+      self?.assumeIsolated { $0.enforceBounds() }
+    }
+    timer.schedule(after: 1)
+    boundsTimer = timer
+  }
+
+  // MARK: Credentials
+
+  /// The answer known without asking the upstream: a refused key within its cache time, or an accepted key of an
+  /// active account. Nil when the upstream must be asked (`resolve`).
+  public func cached(_ credential: String) -> Outcome? {
+    let digest = CredentialDigest(credential, salt: digestSalt)
+    let now = MonotonicClock.seconds()
+    if let until = refused[digest] {
+      if until > now {
+        stats.credentialChecks["refused_cached", default: 0] += 1
+        return .refused(reason: "invalid_credential")
+      }
+      refused[digest] = nil
+    }
+    guard let key = acceptedIndex[digest], let account = accounts[key], account.isActive,
+      let entry = account.credentials[digest], entry.credential == credential,
+      now - entry.checkedAt < settings.credentialCacheSeconds
+    else { return nil }
+    stats.credentialChecks["accepted_cached", default: 0] += 1
+    account.lastUsed = now
+    return .admitted(account)
+  }
+
+  /// Checks `credential` with the upstream (or joins the check already running for it), then starts or finds
+  /// its account.
+  public func resolve(_ credential: String) async -> Outcome {
+    if let known = cached(credential) { return known }
+    guard !stopped else { return .unavailable }
+    let digest = CredentialDigest(credential, salt: digestSalt)
+    if checking[digest] != nil {
+      return await withCheckedContinuation { continuation in checking[digest]?.append(continuation) }
+    }
+    guard checking.count < settings.maxPendingChecks else {
+      stats.credentialChecks["busy", default: 0] += 1
+      return .busy
+    }
+    checking[digest] = []
+    let outcome = await check(credential, digest: digest)
+    for waiter in checking.removeValue(forKey: digest) ?? [] { waiter.resume(returning: outcome) }
+    return outcome
+  }
+
+  private func check(_ credential: String, digest: CredentialDigest) async -> Outcome {
+    let adapter = upstream.makeAdapter(credential)
+    let client = makeClient(credential)
+    let identity: UpstreamIdentity?
+    do {
+      identity = try await adapter.identify(client, isolation: self)
+    } catch {
+      switch error.kind {
+      case .status(401), .status(403):
+        stats.credentialChecks["refused", default: 0] += 1
+        remember(refusal: digest)
+        return .refused(reason: "invalid_credential")
+      default:
+        stats.credentialChecks["unavailable", default: 0] += 1
+        logger.limited(
+          .warning, "could not check a subscriber's credential with the upstream",
+          metadata: ["error": error.description], limiter: &logLimiter)
+        return .unavailable
+      }
+    }
+    stats.credentialChecks["accepted", default: 0] += 1
+    let key = identity.map { "user:\($0.user)" } ?? "credential:\(digest.hex)"
+    return activate(
+      key: key, label: identity?.user, streams: identity?.streams ?? adapter.defaultStreams, credential: credential,
+      digest: digest, adapter: adapter, client: client)
+  }
+
+  private func makeClient(_ credential: String) -> UpstreamClient {
+    UpstreamClient(
+      transport: transport,
+      interceptors: [
+        AuthInterceptor(apiKey: credential), LoggingInterceptor(logger: logger, secrets: [credential]),
+      ])
+  }
+
+  private func remember(refusal digest: CredentialDigest) {
+    let now = MonotonicClock.seconds()
+    if refused.count >= settings.refusedCapacity {
+      refused = refused.filter { $0.value > now }
+      if refused.count >= settings.refusedCapacity { refused.removeAll(keepingCapacity: true) }
+    }
+    refused[digest] = now + settings.credentialCacheSeconds
+  }
+
+  // MARK: Accounts
+
+  private func activate(
+    key: String, label: String?, streams: [String], credential: String, digest: CredentialDigest,
+    adapter: UpstreamAdapter, client: UpstreamClient
+  ) -> Outcome {
+    let now = MonotonicClock.seconds()
+    let account: Account
+    if let known = accounts[key] {
+      account = known
+      if !account.isActive {
+        guard makeRoomForActive() else { return full() }
+        startLoop(account, adapter: adapter, client: client, credential: credential)
+      }
+      // An active account keeps its loop: the session this check opened is simply not used.
+    } else {
+      guard makeRoomForActive(), makeRoomForRetained() else { return full() }
+      let feed = Feed(loop: loop, settings: upstream.feed, ids: EventIDAllocator(persistedAtLeast: highWater))
+      account = Account(
+        key: key, label: label ?? "account-\(nextLabel)", feed: feed, streams: streams, now: now)
+      if label == nil { nextLabel += 1 }
+      feed.assumeIsolated { feed in
+        feed.observeSubscribers { [weak self, weak account] count in
+          guard let account else { return }
+          self?.assumeIsolated { $0.subscribersChanged(account, count) }
+        }
+      }
+      accounts[key] = account
+      stats.retainedAccounts = accounts.count
+      startLoop(account, adapter: adapter, client: client, credential: credential)
+      logger.info("account started", metadata: ["account": account.label])
+    }
+    account.credentials[digest] = (credential, now)
+    acceptedIndex[digest] = key
+    account.lastUsed = now
+    if account.subscribers == 0 { armGrace(account) }
+    return .admitted(account)
+  }
+
+  private func full() -> Outcome {
+    stats.credentialChecks["full", default: 0] += 1
+    logger.limited(
+      .warning, "account limit reached: refusing a new account with 503",
+      metadata: [
+        "active": String(activeCount), "max_active": String(settings.maxActiveAccounts),
+        "retained": String(accounts.count), "max_retained": String(settings.maxRetainedAccounts),
+      ], limiter: &logLimiter)
+    return .full
+  }
+
+  private func startLoop(_ account: Account, adapter: UpstreamAdapter, client: UpstreamClient, credential: String) {
+    var workerSettings = upstream.worker
+    workerSettings.stopWhenKeyRefused = true
+    workerSettings.idleAfter = nil  // the hub runs the grace period
+    var workerLogger = logger
+    workerLogger.label = "upstream.\(account.label)"
+    let worker = UpstreamWorker(
+      loop: loop, feed: account.feed, client: client, adapter: adapter, settings: workerSettings,
+      logger: workerLogger, random: SeededRandom(seed: random.next()))
+    worker.assumeIsolated { worker in
+      if let position = account.position { worker.restore(position) }
+      worker.onKeyRefused { [weak self, weak account] _ in
+        guard let account else { return }
+        self?.assumeIsolated { $0.keyRefused(account) }
+      }
+      worker.start()
+    }
+    account.worker = worker
+    account.activeCredential = credential
+    account.feed.assumeIsolated { $0.start() }
+    activeCount += 1
+    stats.accountStarts += 1
+  }
+
+  /// Stops the account's loop and forgets its keys; its ring and cursors stay.
+  private func stopLoop(_ account: Account) {
+    guard let worker = account.worker else { return }
+    worker.assumeIsolated { worker in
+      if let position = worker.position() { account.position = position }
+      worker.stop()
+    }
+    account.worker = nil
+    account.activeCredential = nil
+    for digest in account.credentials.keys where acceptedIndex[digest] == account.key { acceptedIndex[digest] = nil }
+    account.credentials = [:]
+    activeCount -= 1
+    stats.accountStops += 1
+  }
+
+  private func subscribersChanged(_ account: Account, _ count: Int) {
+    account.subscribers = count
+    account.lastUsed = MonotonicClock.seconds()
+    if count > 0 {
+      account.graceTimer = nil
+    } else {
+      armGrace(account)
+    }
+  }
+
+  private func armGrace(_ account: Account) {
+    let timer = LoopTimer(loop: loop) { [weak self, weak account] in
+      guard let account else { return }
+      self?.assumeIsolated { $0.graceEnded(account) }
+    }
+    timer.schedule(after: settings.grace)
+    account.graceTimer = timer
+  }
+
+  private func graceEnded(_ account: Account) {
+    account.graceTimer = nil
+    guard account.subscribers == 0 else { return }
+    if account.isActive {
+      logger.info("account idle: its upstream loop stops", metadata: ["account": account.label])
+      stopLoop(account)
+    }
+    account.feed.assumeIsolated { $0.pause() }
+  }
+
+  private func keyRefused(_ account: Account) {
+    stats.revocations += 1
+    if let credential = account.activeCredential {
+      remember(refusal: CredentialDigest(credential, salt: digestSalt))
+    }
+    stopLoop(account)
+    let data = JSONText.object([
+      "reason": JSONText.quoted("credential_revoked"),
+      "message": JSONText.quoted("the upstream refused this account's key: reconnect with a valid one"),
+    ])
+    let ended = account.feed.assumeIsolated { $0.endAll(type: "credential-revoked", data: data) }
+    logger.warning(
+      "account key refused by the upstream: streams ended",
+      metadata: ["account": account.label, "streams": String(ended)])
+  }
+
+  /// Stops an account still in its grace period (the least recently used) when the active bound is reached.
+  private func makeRoomForActive() -> Bool {
+    guard activeCount >= settings.maxActiveAccounts else { return true }
+    guard
+      let victim = accounts.values.filter({ $0.isActive && $0.subscribers == 0 }).min(by: {
+        $0.lastUsed < $1.lastUsed
+      })
+    else { return false }
+    logger.info("account limit reached: stopping an account in its grace period", metadata: ["account": victim.label])
+    victim.graceTimer = nil
+    stopLoop(victim)
+    victim.feed.assumeIsolated { $0.pause() }
+    return activeCount < settings.maxActiveAccounts
+  }
+
+  private func makeRoomForRetained() -> Bool {
+    guard accounts.count >= settings.maxRetainedAccounts else { return true }
+    guard let victim = leastRecentlyUsedIdle() else { return false }
+    evict(victim, reason: "max_retained_accounts")
+    return accounts.count < settings.maxRetainedAccounts
+  }
+
+  private func leastRecentlyUsedIdle() -> Account? {
+    accounts.values.filter { !$0.isActive && $0.subscribers == 0 }.min { $0.lastUsed < $1.lastUsed }
+  }
+
+  private func evict(_ account: Account, reason: String) {
+    let final = account.feed.assumeIsolated { $0.statistics() }
+    highWater = max(highWater, final.headID)
+    retiredFeeds.absorb(
+      FeedStatistics(
+        subscribersTotal: final.subscribersTotal, eventsPublished: final.eventsPublished,
+        replayedEvents: final.replayedEvents, resumes: final.resumes, resetsByReason: final.resetsByReason,
+        slowConsumerDisconnects: final.slowConsumerDisconnects, agedOut: final.agedOut,
+        heartbeatsSent: final.heartbeatsSent, bytesQueued: final.bytesQueued, ringEvicted: final.ringEvicted))
+    account.graceTimer = nil
+    account.feed.assumeIsolated { $0.pause() }
+    accounts[account.key] = nil
+    stats.retainedAccounts = accounts.count
+    stats.evictions[reason, default: 0] += 1
+    logger.info("account evicted: its ring is dropped", metadata: ["account": account.label, "reason": reason])
+  }
+
+  /// Ages the rings of idle accounts (their feeds' timers are stopped) and evicts idle accounts, least recently
+  /// used first, while the ring bytes over all accounts pass the bound.
+  private func enforceBounds() {
+    var total = 0
+    for account in accounts.values {
+      total += account.feed.assumeIsolated { feed in
+        if !account.isActive { feed.evictExpired() }
+        return feed.ringBytes
+      }
+    }
+    stats.ringBytes = total
+    guard total > settings.maxTotalRingBytes else { return }
+    let idle = accounts.values.filter { !$0.isActive && $0.subscribers == 0 }.sorted { $0.lastUsed < $1.lastUsed }
+    for account in idle where total > settings.maxTotalRingBytes {
+      total -= account.feed.assumeIsolated { $0.ringBytes }
+      evict(account, reason: "max_total_ring_bytes")
+    }
+    stats.ringBytes = total
+    if total > settings.maxTotalRingBytes {
+      logger.limited(
+        .warning, "ring bytes over all accounts pass the bound, and every account is in use",
+        metadata: ["bytes": String(total), "bound": String(settings.maxTotalRingBytes)], limiter: &logLimiter)
+    }
+  }
+
+  // MARK: Introspection and shutdown
+
+  public func statistics() -> Statistics {
+    var snapshot = stats
+    snapshot.activeAccounts = activeCount
+    snapshot.retainedAccounts = accounts.count
+    snapshot.pendingChecks = checking.count
+    var inFlight = 0
+    var maxPerAccount = 0
+    var subscribers = 0
+    var feeds = retiredFeeds
+    for account in accounts.values {
+      subscribers += account.subscribers
+      feeds.absorb(account.feed.assumeIsolated { $0.statistics() })
+      guard let worker = account.worker else { continue }
+      let (now, most) = worker.assumeIsolated { ($0.statistics.pollsInFlight, $0.statistics.maxPollsInFlight) }
+      inFlight += now
+      maxPerAccount = max(maxPerAccount, most)
+    }
+    snapshot.pollsInFlight = inFlight
+    snapshot.maxPollsInFlightPerAccount = maxPerAccount
+    snapshot.subscribers = subscribers
+    snapshot.feeds = feeds
+    return snapshot
+  }
+
+  /// The account with this key (`user:<id>`), if kept (tests, introspection).
+  public func account(_ key: String) -> Account? { accounts[key] }
+
+  /// Stops every loop (nothing new is admitted), then ends every account's streams, spread over `spread`
+  /// seconds. Returns how many streams were ended.
+  public func shutdown(comment: String, spread: Double) async -> Int {
+    stopped = true
+    boundsTimer = nil
+    for account in accounts.values {
+      account.graceTimer = nil
+      stopLoop(account)
+    }
+    var ended = 0
+    for account in accounts.values {
+      ended += await account.feed.finishAll(comment: comment, spread: spread)
+    }
+    return ended
+  }
+}
+
+/// A credential's keyed digest: what the hub files keys under, so that a refused key is remembered without being
+/// kept. 128 bits from two independently salted SipHash runs (Swift's `Hasher`, itself randomly seeded per
+/// process): not a cryptographic commitment, a map key no outsider can aim collisions at.
+struct CredentialDigest: Hashable, Sendable {
+  let high: UInt64
+  let low: UInt64
+
+  init(_ credential: String, salt: (UInt64, UInt64)) {
+    var first = Hasher()
+    first.combine(salt.0)
+    first.combine(credential)
+    var second = Hasher()
+    second.combine(salt.1)
+    second.combine(credential)
+    high = UInt64(bitPattern: Int64(first.finalize()))
+    low = UInt64(bitPattern: Int64(second.finalize()))
+  }
+
+  var hex: String { String(high, radix: 16) + String(low, radix: 16) }
+}
+
+extension UpstreamAdapter {
+  /// The streams an adapter without a session step reads (the generic adapter's one stream).
+  var defaultStreams: [String] {
+    (self as? GenericAdapter).map { [$0.settings.stream] } ?? []
+  }
+}

@@ -185,6 +185,37 @@ import Testing
     #expect(throws: ConfigurationError.self) { try config.jwtSettings() }
   }
 
+  @Test func perUserExampleIsValid() throws {
+    let config = try load("upstream.example.json")
+    #expect(config.auth.mode == "upstream")
+    #expect(config.serverSettings.access.perUser)
+    #expect(config.serverSettings.access.mode == "upstream")
+    #expect(config.accountSettings.grace == 60)
+    #expect(config.accountSettings.maxActiveAccounts == 10_000)
+  }
+
+  @Test func perUserModeNeedsTheKeyInEveryGenericRequestAndSaneBounds() throws {
+    var config = Configuration()
+    config.auth.mode = "upstream"
+    config.upstream.adapter = "generic"
+    config.generic.urlTemplate = "http://legacy/feed?after={cursor}"
+    config.generic.headers = ["X-Static: 1"]
+    config.upstream.maxAccounts = 0
+    config.auth.credentialCacheSeconds = 0
+    let problems = config.problems().joined(separator: "\n")
+    #expect(problems.contains("{credential}"))
+    #expect(problems.contains("upstream.max_accounts"))
+    #expect(problems.contains("auth.credential_cache_seconds"))
+    config.generic.headers = ["Authorization: Bearer {credential}"]
+    config.upstream.maxAccounts = 10
+    config.auth.credentialCacheSeconds = 30
+    #expect(config.problems().isEmpty)
+    // 0 for idle_after_seconds means the 30 s grace period in this mode.
+    #expect(config.accountSettings.grace == 30)
+    // The key is substituted in the header, and shown nowhere in the printed configuration.
+    #expect(!"\(config.redacted.generic.headers)".contains("{credential}"))
+  }
+
   @Test func upstreamProblemsAreReported() {
     var config = Configuration()
     config.upstream.adapter = "soap"

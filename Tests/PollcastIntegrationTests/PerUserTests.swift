@@ -1,0 +1,374 @@
+import Foundation
+import LegacyFixture
+import PollcastCore
+import Testing
+
+/// `auth.mode = upstream`: every subscriber reads only its own legacy account, and each account is long-polled
+/// once, over the real fixture (`--accounts`) and real sockets.
+@Suite(.serialized, .timeLimit(.minutes(5))) struct PerUserTests {
+  static func isLive(_ client: TestSSEClient) -> Bool {
+    client.events.contains { $0.type == "upstream" && $0.data.contains("\"live\"") }
+  }
+
+  static func texts(_ client: TestSSEClient) -> [String] { client.relayedMessages.map(\.text) }
+
+  /// Two users never see each other's messages: live, in replay, through `?stream=` naming the other's stream,
+  /// or through a Last-Event-ID taken from the other's stream.
+  @Test func twoUsersNeverSeeEachOthersMessages() async throws {
+    try await AccountsHarness.start().run { harness in
+      let alice = try harness.client("key-1000")
+      let bob = try harness.client("key-1001")
+      try alice.waitUntil("alice live", Self.isLive)
+      try bob.waitUntil("bob live", Self.isLive)
+      await harness.fixture.append(user: "1000", texts: ["a1", "a2"])
+      await harness.fixture.append(user: "1001", texts: ["b1", "b2", "b3"])
+      await harness.fixture.append(user: "1000", texts: ["a3"])
+      try alice.waitUntil("alice's 3") { $0.relayedMessages.count >= 3 }
+      try bob.waitUntil("bob's 3") { $0.relayedMessages.count >= 3 }
+      #expect(Self.texts(alice) == ["a1", "a2", "a3"])
+      #expect(alice.relayedMessages.allSatisfy { $0.stream == "1000" })
+      #expect(Self.texts(bob) == ["b1", "b2", "b3"])
+      #expect(bob.relayedMessages.allSatisfy { $0.stream == "1001" })
+
+      // Asking for the other's stream is refused, alone or beside one's own.
+      for target in ["/events?stream=1001", "/events?stream=1000&stream=1001"] {
+        let answer = try httpGet(port: harness.port, target, headers: [("Authorization", "Bearer key-1000")])
+        #expect(answer.status == 403)
+        #expect(answer.body.contains("forbidden_stream"))
+      }
+      // Replay with one's own id: one's own messages only.
+      let aliceFirst = try #require(alice.messageIDs.first)
+      let replay = try harness.client("key-1000", lastEventID: String(aliceFirst))
+      try replay.waitUntil("alice's replay") { $0.relayedMessages.count >= 2 }
+      #expect(Self.texts(replay) == ["a2", "a3"])
+      // Bob's ids in Alice's account: whatever they land on, only Alice's messages (or a reset) come back.
+      for id in bob.messageIDs + [bob.messageIDs[0] - 1] {
+        let probe = try harness.client("key-1000", lastEventID: String(id))
+        try probe.waitUntil("a live stream") { Self.isLive($0) }
+        await harness.fixture.append(user: "1001", texts: ["b-more"])
+        try? probe.waitUntil(timeout: 0.3, "anything else") { _ in false }
+        #expect(probe.relayedMessages.allSatisfy { $0.stream == "1000" })
+        #expect(!Self.texts(probe).contains { $0.hasPrefix("b") })
+      }
+      // The stream names of the other account are not even in Alice's feed.
+      try? alice.waitUntil(timeout: 0.3, "more") { _ in false }
+      #expect(!alice.events.contains { $0.data.contains("\"1001\"") })
+    }
+  }
+
+  /// Three connections of one user over two different keys (one by cookie) share one upstream loop: the fixture
+  /// sees one poll in flight for that user, and all three get the same ids.
+  @Test func threeConnectionsOverTwoKeysShareOnePoll() async throws {
+    try await AccountsHarness.start().run { harness in
+      await harness.fixture.addKey("phone-1000", for: "1000")
+      let first = try harness.client("key-1000")
+      try first.waitUntil("live", Self.isLive)
+      let second = try harness.client("phone-1000")
+      let third = try TestSSEClient(port: harness.port, headers: [("Cookie", "theme=dark; pollcast_token=key-1000")])
+      try second.waitUntil("live", Self.isLive)
+      try third.waitUntil("live", Self.isLive)
+      try await harness.waitForParkedPoll(user: "1000")
+      await harness.fixture.append(user: "1000", texts: (1...5).map { "m\($0)" })
+      let group = TestClientGroup(clients: [first, second, third])
+      try group.waitUntilAll(timeout: 10, "5 messages") { $0.relayedMessages.count >= 5 }
+      #expect(first.messageIDs.count == 5)
+      #expect(second.messageIDs == first.messageIDs)
+      #expect(third.messageIDs == first.messageIDs)
+      let stats = await harness.fixture.statistics().users["1000"]
+      #expect(stats?.maxPollsInFlight == 1)
+      #expect(stats?.pollsInFlight ?? 0 <= 1)
+      // The check of the second key opened one more session; the loop itself kept its one.
+      #expect(stats?.sessions ?? 99 <= 2)
+      let accounts = await harness.hub.statistics()
+      #expect(accounts.activeAccounts == 1)
+      #expect(accounts.maxPollsInFlightPerAccount == 1)
+    }
+  }
+
+  /// 401 (missing, refused — the retry answered from memory, with no legacy call), 403 (a stream the account
+  /// does not read), 429 (connections per account; failed checks per address), 503 (the legacy API unreachable;
+  /// no room for another account).
+  @Test func everyRefusalHasItsStatus() async throws {
+    var admission = Admission.Limits(maxPerSubject: 2, maxFailuresPerMinute: 3)
+    admission.failureTableSize = 100
+    var settings = AccountsHarness.fastSettings()
+    settings.maxActiveAccounts = 2
+    settings.maxRetainedAccounts = 2
+    try await AccountsHarness.start(hub: settings, admission: admission).run { harness in
+      let missing = try httpGet(port: harness.port, "/events")
+      #expect(missing.status == 401)
+      #expect(missing.headers["www-authenticate"]?.hasPrefix("Bearer") == true)
+      #expect(missing.body.contains("missing_credential"))
+
+      let before = await harness.fixture.statistics().unauthorized
+      let wrong = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer key-9999")])
+      #expect(wrong.status == 401)
+      #expect(wrong.body.contains("invalid_credential"))
+      #expect(!wrong.body.contains("key-9999"))
+      let again = try httpGet(port: harness.port, "/events?access_token=key-9999")
+      #expect(again.status == 401)
+      #expect(await harness.fixture.statistics().unauthorized == before + 1, "the retry cost no legacy call")
+      // The third failure from this address fills its minute: the fourth is throttled before any check.
+      _ = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer key-8888")])
+      let throttled = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer key-1000")])
+      #expect(throttled.status == 429)
+      #expect(throttled.headers["retry-after"] != nil)
+      #expect(throttled.body.contains("auth_throttled"))
+    }
+    try await AccountsHarness.start(hub: settings, admission: .init(maxPerSubject: 2)).run { harness in
+      let forbidden = try httpGet(
+        port: harness.port, "/events?stream=101", headers: [("Authorization", "Bearer key-1000")])
+      #expect(forbidden.status == 403)
+      let one = try harness.client("key-1000")
+      let two = try harness.client("key-1000")
+      try one.waitForHead()
+      try two.waitForHead()
+      let three = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer key-1000")])
+      #expect(three.status == 429)
+      #expect(three.body.contains("per_subject"))
+      #expect(three.headers["retry-after"].flatMap(Int.init).map { $0 >= 10 && $0 <= 20 } == true)
+      // Two accounts polling fill the relay: a third account gets 503 while both have subscribers.
+      let other = try harness.client("key-1001")
+      try other.waitForHead()
+      let full = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer key-1002")])
+      #expect(full.status == 503)
+      #expect(full.body.contains("max_accounts"))
+      #expect(full.headers["retry-after"] != nil)
+    }
+    // The legacy API is unreachable: the key cannot be checked.
+    let closed = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 1)
+    let deadURL = "http://127.0.0.1:\(closed.port)"
+    Glibc.close(closed.fd)
+    try await AccountsHarness.start(fixtureURL: deadURL).run { harness in
+      let answer = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer key-1000")])
+      #expect(answer.status == 503)
+      #expect(answer.body.contains("upstream_unavailable"))
+      #expect(answer.headers["retry-after"] != nil)
+    }
+  }
+
+  /// After the grace period with no subscriber the account's loop stops (no poll of that user is left in the
+  /// fixture); a subscriber who comes back with its Last-Event-ID gets what arrived meanwhile, once, as live.
+  @Test func idleStopThenResumeWithoutGap() async throws {
+    try await AccountsHarness.start(hub: AccountsHarness.fastSettings(grace: 0.4)).run { harness in
+      let client = try harness.client("key-1000")
+      try client.waitUntil("live", Self.isLive)
+      try await harness.waitForParkedPoll(user: "1000")
+      await harness.fixture.append(user: "1000", texts: ["before"])
+      try client.waitUntil("before") { $0.relayedMessages.count == 1 }
+      let last = try #require(client.messageIDs.last)
+      client.reset()
+      try await harness.waitForAccount("user:1000", active: false)
+      try await Task.sleep(for: .milliseconds(300))
+      #expect(await harness.fixture.statistics().users["1000"]?.pollsInFlight == 0)
+      #expect(await harness.hub.accountIsKept("user:1000"))
+      await harness.fixture.append(user: "1000", texts: ["while-idle-1", "while-idle-2"])
+
+      let back = try harness.client("key-1000", lastEventID: String(last))
+      try back.waitUntil("what was missed") { $0.relayedMessages.count >= 2 }
+      #expect(Self.texts(back) == ["while-idle-1", "while-idle-2"])
+      #expect(back.relayedMessages.allSatisfy { !$0.backlog })
+      #expect(back.messageIDs.allSatisfy { $0 > last })
+      #expect(back.events(ofType: "reset").isEmpty)
+      await harness.fixture.append(user: "1000", texts: ["after"])
+      try back.waitUntil("after") { $0.relayedMessages.count >= 3 }
+      #expect(Self.texts(back) == ["while-idle-1", "while-idle-2", "after"])
+      #expect(await harness.fixture.statistics().users["1000"]?.maxPollsInFlight == 1)
+    }
+  }
+
+  /// Kept accounts are bounded: the least recently used idle one is evicted with its ring, and a resume into it
+  /// gets `reset` `too_old` (then live events, with ids above every id it had).
+  @Test func evictionUnderTheBoundsLeadsToAReset() async throws {
+    var settings = AccountsHarness.fastSettings(grace: 0.2)
+    settings.maxActiveAccounts = 1
+    settings.maxRetainedAccounts = 1
+    try await AccountsHarness.start(hub: settings).run { harness in
+      let alice = try harness.client("key-1000")
+      try alice.waitUntil("live", Self.isLive)
+      try await harness.waitForParkedPoll(user: "1000")
+      await harness.fixture.append(user: "1000", texts: ["a1"])
+      try alice.waitUntil("a1") { $0.relayedMessages.count == 1 }
+      let aliceLast = try #require(alice.messageIDs.last)
+      alice.reset()
+      try await harness.waitForAccount("user:1000", active: false)
+
+      let bob = try harness.client("key-1001")  // needs the one kept slot: Alice's idle account goes
+      try bob.waitUntil("live", Self.isLive)
+      #expect(await !harness.hub.accountIsKept("user:1000"))
+      #expect(await harness.hub.statistics().evictions["max_retained_accounts"] == 1)
+      bob.reset()
+      try await harness.waitForAccount("user:1001", active: false)
+
+      let back = try harness.client("key-1000", lastEventID: String(aliceLast))
+      try back.waitUntil("a reset") { !$0.events(ofType: "reset").isEmpty }
+      let reset = try #require(back.events(ofType: "reset").first)
+      #expect(reset.data.contains("\"too_old\""))
+      #expect(try #require(UInt64(reset.lastEventID)) > aliceLast)
+    }
+    // The ring bytes over all accounts are bounded too: past the bound, idle accounts go (active ones stay).
+    var bytes = AccountsHarness.fastSettings(grace: 0.2)
+    bytes.maxTotalRingBytes = 1
+    try await AccountsHarness.start(hub: bytes).run { harness in
+      let alice = try harness.client("key-1000")
+      let bob = try harness.client("key-1001")
+      try alice.waitUntil("live", Self.isLive)
+      try bob.waitUntil("live", Self.isLive)
+      try await harness.waitForParkedPoll(user: "1000")
+      try await harness.waitForParkedPoll(user: "1001")
+      await harness.fixture.append(user: "1000", texts: ["a1"])
+      await harness.fixture.append(user: "1001", texts: ["b1"])
+      try alice.waitUntil("a1") { $0.relayedMessages.count == 1 }
+      try bob.waitUntil("b1") { $0.relayedMessages.count == 1 }
+      alice.reset()
+      let deadline = MonotonicClock.seconds() + 10
+      while await harness.hub.accountIsKept("user:1000") && MonotonicClock.seconds() < deadline {
+        try await Task.sleep(for: .milliseconds(50))
+      }
+      #expect(await !harness.hub.accountIsKept("user:1000"))
+      #expect(await harness.hub.accountIsKept("user:1001"), "an account in use is never evicted")
+      #expect(await harness.hub.statistics().evictions["max_total_ring_bytes"] == 1)
+    }
+  }
+
+  /// A key revoked while its account polls: that account's streams end with `credential-revoked`; the key then
+  /// gets 401; a client with another key of the same user reconnects with its Last-Event-ID and loses nothing.
+  @Test func aRevokedKeyEndsTheAccountsStreams() async throws {
+    try await AccountsHarness.start().run { harness in
+      await harness.fixture.addKey("phone-1000", for: "1000")
+      let laptop = try harness.client("key-1000")
+      try laptop.waitUntil("live", Self.isLive)
+      let phone = try harness.client("phone-1000")
+      try phone.waitUntil("live", Self.isLive)
+      let bystander = try harness.client("key-1001")
+      try bystander.waitUntil("live", Self.isLive)
+      try await harness.waitForParkedPoll(user: "1000")
+      await harness.fixture.append(user: "1000", texts: ["m1"])
+      try phone.waitUntil("m1") { $0.relayedMessages.count == 1 }
+      let phoneLast = try #require(phone.messageIDs.last)
+
+      await harness.fixture.revokeKey("key-1000")
+      for client in [laptop, phone] {
+        try client.waitUntil("credential-revoked") { !$0.events(ofType: "credential-revoked").isEmpty }
+        try client.waitForEOF()
+        let event = try #require(client.events(ofType: "credential-revoked").first)
+        #expect(event.data.contains("\"credential_revoked\""))
+        #expect(event.lastEventID == String(phoneLast), "the last event carries no id")
+      }
+      #expect(await harness.hub.statistics().revocations == 1)
+      await harness.fixture.append(user: "1000", texts: ["m2"])  // while nobody polls the account
+      let refused = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer key-1000")])
+      #expect(refused.status == 401)
+
+      let back = try harness.client("phone-1000", lastEventID: String(phoneLast))
+      try back.waitUntil("m2") { $0.relayedMessages.count >= 1 }
+      #expect(Self.texts(back) == ["m2"])
+      // The other user's stream never noticed.
+      await harness.fixture.append(user: "1001", texts: ["b1"])
+      try bystander.waitUntil("b1") { $0.relayedMessages.count == 1 }
+      #expect(bystander.events(ofType: "credential-revoked").isEmpty)
+    }
+  }
+
+  /// Link and unlink reach only the account they concern, as stream-attached and stream-detached.
+  @Test func linkChangesReachOnlyTheirAccount() async throws {
+    try await AccountsHarness.start().run { harness in
+      let alice = try harness.client("key-1000")
+      let bob = try harness.client("key-1001")
+      try alice.waitUntil("live", Self.isLive)
+      try bob.waitUntil("live", Self.isLive)
+      await harness.fixture.setLinkedUser("1002", for: "1000")
+      try alice.waitUntil("attached") { !$0.events(ofType: "stream-attached").isEmpty }
+      #expect(alice.events(ofType: "stream-attached").first?.data.contains("\"1002\"") == true)
+      try await harness.waitForParkedPoll(user: "1000")
+      await harness.fixture.append(user: "1002", texts: ["from the linked account"])
+      try alice.waitUntil("linked message") { $0.relayedMessages.count == 1 }
+      #expect(alice.relayedMessages.first?.stream == "1002")
+      // Now Alice may ask for the linked stream alone.
+      let linked = try httpGet(
+        port: harness.port, "/events?stream=1002", headers: [("Authorization", "Bearer key-1000")])
+      #expect(linked.status == 200)
+      await harness.fixture.setLinkedUser(nil, for: "1000")
+      try alice.waitUntil("detached") { !$0.events(ofType: "stream-detached").isEmpty }
+      try? bob.waitUntil(timeout: 0.3, "nothing") { _ in false }
+      #expect(bob.events(ofType: "stream-attached").isEmpty && bob.events(ofType: "stream-detached").isEmpty)
+      #expect(bob.relayedMessages.isEmpty)
+    }
+  }
+
+  /// A generic long-poll API whose requests carry the subscriber's key (`Authorization: Bearer {credential}`):
+  /// each key is its own account, and a revoked key ends its streams.
+  @Test func genericAdapterCarriesEachSubscribersKey() async throws {
+    let generic = GenericAdapter.Settings(
+      urlTemplate: "http://FIXTURE/api/feed?after={cursor}&timeout=1", eventsPointer: "/data/items",
+      idPointer: "/seq", headers: ["Authorization: Bearer {credential}"], stream: "feed", timeout: 3)
+    try await AccountsHarness.start(generic: generic).run { harness in
+      let alice = try harness.client("key-1000")
+      let bob = try harness.client("key-1001")
+      try alice.waitForHead()
+      try bob.waitForHead()
+      try await harness.waitForParkedPoll(user: "1000")
+      try await harness.waitForParkedPoll(user: "1001")
+      await harness.fixture.append(user: "1000", texts: ["a1"])
+      await harness.fixture.append(user: "1001", texts: ["b1", "b2"])
+      // The generic shape relays each item whole: {"seq":N,"message":{"text":…}}.
+      func texts(_ client: TestSSEClient) -> [String] {
+        client.events(ofType: "message").compactMap { event in
+          (try? RawJSON.parse(event.data))?["message"]?["message"]?["text"]?.stringValue
+        }
+      }
+      try alice.waitUntil("a1") { texts($0).count == 1 }
+      try bob.waitUntil("b1 b2") { texts($0).count == 2 }
+      #expect(texts(alice) == ["a1"])
+      #expect(texts(bob) == ["b1", "b2"])
+      #expect(await harness.fixture.statistics().users["1000"]?.maxPollsInFlight == 1)
+      await harness.fixture.revokeKey("key-1001")
+      try bob.waitUntil("credential-revoked") { !$0.events(ofType: "credential-revoked").isEmpty }
+      try bob.waitForEOF()
+      await harness.fixture.append(user: "1000", texts: ["a2"])
+      try alice.waitUntil("a2") { texts($0).count == 2 }
+      let refused = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer key-1001")])
+      #expect(refused.status == 401)
+    }
+  }
+
+  /// Nothing secret reaches a log line even at trace level, nor `/metrics`, nor the page: no subscriber key
+  /// (good, bad, by header, cookie or query) and no session token the legacy API issued.
+  @Test func noKeyOrTokenAppearsInTraceLogs() async throws {
+    let lines = LogLines()
+    let logger = Logger(label: "test", level: .trace, sink: { lines.append($0) })
+    try await AccountsHarness.start(logger: logger).run { harness in
+      await harness.fixture.addKey("s3cret-phone-key", for: "1001")
+      let header = try harness.client("key-1000")
+      let cookie = try TestSSEClient(port: harness.port, headers: [("Cookie", "pollcast_token=s3cret-phone-key")])
+      let query = try TestSSEClient(port: harness.port, path: "/events?access_token=key-1002")
+      for client in [header, cookie, query] { try client.waitUntil("live", Self.isLive) }
+      _ = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer wrong-key-123")])
+      await harness.fixture.append(user: "1000", texts: ["hello"])
+      try header.waitUntil("hello") { $0.relayedMessages.count == 1 }
+      await harness.fixture.revokeKey("key-1002")
+      try query.waitUntil("revoked") { !$0.events(ofType: "credential-revoked").isEmpty }
+      let metrics = try httpGet(port: harness.port, "/metrics").body
+      let page = try httpGet(port: harness.port, "/").body
+      let secrets =
+        ["key-1000", "s3cret-phone-key", "key-1002", "wrong-key-123"] + (await harness.fixture.issuedTokens())
+      let logged = lines.all.joined(separator: "\n")
+      #expect(lines.all.count > 20, "trace logging was on")
+      #expect(logged.contains("upstream request"))
+      for secret in secrets {
+        #expect(!logged.contains(secret), "a secret reached the log")
+        #expect(!metrics.contains(secret))
+        #expect(!page.contains(secret))
+      }
+      #expect(page.contains("your API key"))
+    }
+  }
+}
+
+/// Log lines collected from any thread.
+final class LogLines: @unchecked Sendable {
+  private let lock = NSLock()
+  private var lines: [String] = []
+  func append(_ line: String) { lock.withLock { lines.append(line) } }
+  var all: [String] { lock.withLock { lines } }
+}

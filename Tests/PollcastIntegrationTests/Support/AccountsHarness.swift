@@ -1,0 +1,86 @@
+import Foundation
+import LegacyFixture
+import PollcastCore
+
+/// `auth.mode = upstream`: the reference fixture with `--accounts N` and a relay relaying each subscriber's own
+/// account, both in-process on their own loops, over loopback.
+struct AccountsHarness: StoppableHarness {
+  let fixture: LegacyFixture
+  let relay: Relay
+  var port: Int { relay.port }
+  var hub: AccountHub { relay.hub! }
+
+  static func start(
+    accounts: Int = 4, hub settings: AccountHub.Settings = fastSettings(), admission: Admission.Limits = .init(),
+    generic: GenericAdapter.Settings? = nil, fixtureURL: String? = nil,
+    logger: Logger = Logger(
+      label: "test", level: .critical)
+  ) async throws -> AccountsHarness {
+    var options = LegacyFixture.Options()
+    options.accounts = accounts
+    let fixture = try await LegacyFixture.start(options)
+    let base = fixtureURL ?? "http://\(fixture.address)"
+    var worker = UpstreamWorker.Settings()
+    worker.backoff = Backoff(base: 0.05, cap: 0.2)
+    let makeAdapter: @Sendable (String) -> UpstreamAdapter
+    if var generic {
+      generic.urlTemplate = generic.urlTemplate.replacingOccurrences(of: "FIXTURE", with: fixture.address)
+      let settings = generic
+      makeAdapter = { GenericAdapter(settings: settings, credential: $0) }
+    } else {
+      makeAdapter = { _ in ChatAdapter(baseURL: base, holdSeconds: 1, marginSeconds: 1, requestTimeout: 3) }
+    }
+    var server = ServerSettings(host: "127.0.0.1", port: 0)
+    server.access = AccessSettings(allowQueryToken: true, admission: admission)
+    server.access.perUser = true
+    let relay = try await Relay.start(
+      server: server, feed: FeedSettings(heartbeatInterval: 5), logger: logger,
+      accounts: (AccountHub.Upstream(makeAdapter: makeAdapter, worker: worker, feed: FeedSettings()), settings))
+    return AccountsHarness(fixture: fixture, relay: relay)
+  }
+
+  static func fastSettings(grace: Double = 30) -> AccountHub.Settings {
+    var settings = AccountHub.Settings()
+    settings.grace = grace
+    return settings
+  }
+
+  func stop() async {
+    await relay.shutdown(deadline: 2)
+    await fixture.shutdown()
+  }
+
+  /// A stream opened with `key` as a bearer token.
+  func client(_ key: String, path: String = "/events", lastEventID: String? = nil) throws -> TestSSEClient {
+    var headers = [("Authorization", "Bearer \(key)")]
+    if let lastEventID { headers.append(("Last-Event-ID", lastEventID)) }
+    return try TestSSEClient(port: port, path: path, headers: headers)
+  }
+
+  /// Waits until `account` (`user:<id>`) is polling (or, with `active: false`, stopped).
+  func waitForAccount(_ key: String, active: Bool = true, timeout: Double = 10) async throws {
+    let deadline = MonotonicClock.seconds() + timeout
+    while await hub.accountIsActive(key) != active {
+      guard MonotonicClock.seconds() < deadline else {
+        throw TestSSEClient.Failure(description: "account \(key) did not become \(active ? "active" : "idle")")
+      }
+      try await Task.sleep(for: .milliseconds(10))
+    }
+  }
+
+  /// Waits until the fixture has a poll of `user` parked.
+  func waitForParkedPoll(user: String, timeout: Double = 10) async throws {
+    let deadline = MonotonicClock.seconds() + timeout
+    while await fixture.statistics().users[user]?.pollsInFlight ?? 0 == 0 {
+      guard MonotonicClock.seconds() < deadline else {
+        throw TestSSEClient.Failure(description: "no poll of \(user) parked")
+      }
+      try await Task.sleep(for: .milliseconds(5))
+    }
+  }
+}
+
+extension AccountHub {
+  func accountIsActive(_ key: String) -> Bool { account(key)?.isActive ?? false }
+  func accountIsKept(_ key: String) -> Bool { account(key) != nil }
+}

@@ -24,6 +24,9 @@ public struct BenchOptions: Sendable {
   public var connectBatch = 500
   /// `ALG:KEYFILE`: give every subscriber its own signed token (`Authorization: Bearer`).
   public var mintTokens: String?
+  /// Per-user relaying (`auth.mode = upstream`): subscriber i presents the fixture key `key-<1000 + i % A>`, and
+  /// each message goes to one account picked at random; 0 is off.
+  public var accounts = 0
 
   public static let usage = """
     USAGE: pollcast-bench --target URL [--inject fixture:URL | publish:URL] [--mode fanout|storm|idle]
@@ -38,6 +41,10 @@ public struct BenchOptions: Sendable {
       --drain-seconds S   wait this long after the last message for stragglers (default 10)
       --mint-tokens ALG:KEYFILE  every subscriber sends its own JWT (HS256: secret file; RS256/ES256: private
                           key PEM), signed with libjwt before connecting; reports relay CPU per connect
+      --accounts A        per-user relaying against a fixture run with --accounts A: subscriber i sends the key
+                          key-<1000 + i mod A>, each message goes to a random account; reports polls in flight
+                          per account, RSS per account and per subscriber, and relay CPU idle over --idle-seconds
+                          with every account's poll hanging (before the messages)
     The last line is a machine-readable summary: SUMMARY key=value …
     """
 
@@ -81,6 +88,7 @@ public struct BenchOptions: Sendable {
       case "--connect-batch": options.connectBatch = max(1, Int(try number(name)))
       case "--label": options.label = try value(name)
       case "--mint-tokens": options.mintTokens = try value(name)
+      case "--accounts": options.accounts = Int(try number(name))
       case "--relay-pid":
         options.relayPIDs = try value(name).split(separator: ",").map {
           guard let pid = Int32($0) else { throw BenchError("--relay-pid: not a pid: \($0)") }

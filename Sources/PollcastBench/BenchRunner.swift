@@ -48,6 +48,10 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   private var retries: [Int: Int] = [:]
   private var retryTimers: [Int: LoopTimer] = [:]
   private var retryCount = 0
+  /// `--accounts`: the account each message went to (by sequence), and messages sent per account.
+  private var messageAccount: [Int] = []
+  private var sentPerAccount: [Int] = []
+  private var random = SystemRandomNumberGenerator()
 
   public init(options: BenchOptions, loop: EventLoop) {
     self.options = options
@@ -77,6 +81,13 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     print(
       "pinned: bench on CPUs \(benchAffinity); relay on CPUs \(relayAffinity.isEmpty ? "unknown (no --relay-pid)" : relayAffinity)"
     )
+    if options.accounts > 0 {
+      let keys = (0..<options.subscribers).map { "key-\(1000 + $0 % options.accounts)" }
+      await loop.submit { [self] in
+        tokens = keys
+        sentPerAccount = Array(repeating: 0, count: options.accounts)
+      }
+    }
     if let spec = options.mintTokens {
       let minted = try BenchTokens.mint(spec: spec, count: options.subscribers)
       await loop.submit { [self] in tokens = minted }
@@ -84,12 +95,24 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     }
     let baseline = ProcessSample.take(options.relayPIDs)
 
-    // Connect everyone, in batches so the listen backlog is not flooded.
+    // Connect everyone, in batches so the listen backlog is not flooded. With accounts, the first round opens one
+    // subscriber per account (and so every account's loop), sampled apart: RSS per account, then per subscriber.
     let connectStart = MonotonicClock.seconds()
     var started = 0
+    var afterAccounts: ProcessSample?
+    let firstRound = options.accounts > 0 ? min(options.accounts, options.subscribers) : options.subscribers
     while started < options.subscribers {
+      if started == firstRound && options.accounts > 0 {
+        try await waitUntil(timeout: 60) { [self] in connectedCount + failedConnects >= firstRound }
+        try await Task.sleep(for: .seconds(1))
+        afterAccounts = ProcessSample.take(options.relayPIDs)
+        if let baseline, let afterAccounts {
+          let perAccount = Double(afterAccounts.rssBytes - baseline.rssBytes) / Double(firstRound)
+          print(String(format: "relay RSS per active account (with its first subscriber): %.2f KB", perAccount / 1024))
+        }
+      }
       let from = started
-      let to = min(options.subscribers, started + options.connectBatch)
+      let to = min(started < firstRound ? firstRound : options.subscribers, started + options.connectBatch)
       await loop.submit { [self] in
         for index in from..<to {
           let subscriber = BenchSubscriber(index: index, runner: self)
@@ -126,6 +149,36 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       let perSubscriber = Double(afterConnect.rssBytes - baseline.rssBytes) / Double(max(1, connected))
       summary.append(("rss_kb_per_sub", String(format: "%.2f", perSubscriber / 1024)))
       print(String(format: "relay RSS per subscriber: %.2f KB", perSubscriber / 1024))
+      if let afterAccounts, options.subscribers > firstRound {
+        let perAccount = Double(afterAccounts.rssBytes - baseline.rssBytes) / Double(firstRound)
+        let perExtra =
+          Double(afterConnect.rssBytes - afterAccounts.rssBytes) / Double(options.subscribers - firstRound)
+        summary.append(("rss_kb_per_account", String(format: "%.2f", perAccount / 1024)))
+        summary.append(("rss_kb_per_extra_sub", String(format: "%.2f", perExtra / 1024)))
+        print(String(format: "relay RSS per further subscriber of an active account: %.2f KB", perExtra / 1024))
+      }
+    }
+    if options.accounts > 0, case .fixture(let base) = options.injector {
+      // Every account's loop must be polling before messages go in (start_from latest skips earlier ones).
+      let want = options.accounts
+      var parked = 0
+      let deadline = MonotonicClock.seconds() + 60
+      while parked < want && MonotonicClock.seconds() < deadline {
+        parked = await fixtureStats(base)?.pollsInFlight ?? 0
+        if parked < want { try await Task.sleep(for: .milliseconds(200)) }
+      }
+      print("fixture polls hanging: \(parked) for \(want) accounts")
+      let before = ProcessSample.take(options.relayPIDs)
+      try await Task.sleep(for: .seconds(options.idleSeconds))
+      let after = ProcessSample.take(options.relayPIDs)
+      if let before, let after {
+        let share = (after.cpuSeconds - before.cpuSeconds) / options.idleSeconds * 100
+        print(
+          String(
+            format: "relay CPU idle over %.0f s with %d polls hanging: %.3f%% of one core", options.idleSeconds,
+            parked, share))
+        summary.append(("idle_cpu_pct", String(format: "%.4f", share)))
+      }
     }
 
     if options.mode == .idle {
@@ -151,7 +204,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     }
     // Drain: until every connected subscriber has every message, or the drain window passes.
     try? await waitUntil(timeout: options.drainSeconds) { [self] in
-      distinct.allSatisfy { $0 >= options.messages }
+      distinct.indices.allSatisfy { distinct[$0] >= expected(for: $0) }
     }
     let cpuAfter = ProcessSample.take(options.relayPIDs)
     let report = await loop.submit { [self] in measure() }
@@ -161,6 +214,13 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     }
     print(report.text)
     summary += report.fields
+    if options.accounts > 0, case .fixture(let base) = options.injector, let stats = await fixtureStats(base) {
+      print(
+        "fixture: most polls in flight for one account \(stats.maxPerUser) (of \(stats.users) accounts), sessions \(stats.sessions)"
+      )
+      summary.append(("max_polls_per_account", String(stats.maxPerUser)))
+      summary.append(("sessions", String(stats.sessions)))
+    }
     if let cpuBefore, let cpuAfter, report.deliveries > 0 {
       let perDelivery = (cpuAfter.cpuSeconds - cpuBefore.cpuSeconds) / Double(report.deliveries) * 1e6
       let userShare =
@@ -171,6 +231,23 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       summary.append(("cpu_user_share", String(format: "%.2f", userShare)))
     }
     return summaryLine(summary)
+  }
+
+  /// GET `/_control/stats` through the bench's own transport.
+  private func fixtureStats(_ base: String) async -> FixtureStats? {
+    let request = UpstreamRequest(url: base + "/_control/stats", timeout: 10, label: "stats")
+    let text: String? = await withCheckedContinuation { continuation in
+      loop.execute { [self] in
+        transport.start(request) { outcome in
+          guard case .success(let response) = outcome, response.status == 200 else {
+            continuation.resume(returning: nil)
+            return
+          }
+          continuation.resume(returning: String(decoding: response.body, as: UTF8.self))
+        }
+      }
+    }
+    return text.flatMap(FixtureStats.parse)
   }
 
   private func summaryLine(_ fields: [(String, String)]) -> String {
@@ -260,10 +337,21 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     retryTimers[subscriber.index] = timer
   }
 
+  /// Messages subscriber `index` should get: all of them, or (accounts) those sent to its account.
+  private func expected(for index: Int) -> Int {
+    options.accounts > 0 ? sentPerAccount[index % options.accounts] : options.messages
+  }
+
   func delivered(_ event: StreamScanner.Event, to subscriber: Int, at micros: UInt64) {
     let sequence = event.sequence
     guard sequence >= 0 && sequence < options.messages else {
       foreign += 1
+      return
+    }
+    if options.accounts > 0
+      && (sequence >= messageAccount.count || messageAccount[sequence] != subscriber % options.accounts)
+    {
+      foreign += 1  // another account's message: an isolation failure
       return
     }
     let word = sequence / 64
@@ -306,7 +394,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     // Messages that queued up behind the previous request go together (the fixture takes a list), each with
     // its own send time, so the injector keeps up with high rates without reordering anything.
     var count = 1
-    if case .fixture = options.injector {
+    if case .fixture = options.injector, options.accounts == 0 {
       count += min(injectBacklog, 200)
       injectBacklog -= count - 1
     }
@@ -320,9 +408,16 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     switch options.injector {
     case .fixture(let base):
       let list = texts.map { "\"\($0)\"" }.joined(separator: ",")
+      var user = "101"
+      if options.accounts > 0 {
+        let account = Int.random(in: 0..<options.accounts, using: &random)
+        messageAccount.append(account)
+        sentPerAccount[account] += 1
+        user = String(1000 + account)
+      }
       request = UpstreamRequest(
         method: "POST", url: base + "/_control/messages", headers: [("Content-Type", "application/json")],
-        body: Array("{\"user_id\":\"101\",\"texts\":[\(list)]}".utf8), timeout: 10, label: "inject")
+        body: Array("{\"user_id\":\"\(user)\",\"texts\":[\(list)]}".utf8), timeout: 10, label: "inject")
     case .publish(let url):
       request = UpstreamRequest(
         method: "POST", url: url, headers: [("Content-Type", "text/plain")], body: Array(texts[0].utf8),
@@ -360,7 +455,12 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     // Only what the injector actually got accepted can be lost; what it never sent (it fell behind the rate)
     // is reported apart, so an overloaded injector is not mistaken for a relay that drops events.
     let notInjected = options.messages - injected
-    let expected = options.subscribers * injected
+    var expected = options.subscribers * injected
+    if options.accounts > 0 {
+      var perAccount = Array(repeating: 0, count: options.accounts)
+      for index in 0..<options.subscribers { perAccount[index % options.accounts] += 1 }
+      expected = messageAccount.prefix(injected).reduce(0) { $0 + perAccount[$1] }
+    }
     let deliveries = distinct.reduce(0, +)
     let lost = max(0, expected - deliveries)
     latencies.sort()
@@ -381,6 +481,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     text += String(format: "injected %d (%.1f/s achieved), ", injected, offered)
     text += "inject failures \(injectFailures), unexpected drops \(unexpectedDrops), non-200 \(statusErrors), "
     text += "connect retries \(retryCount), gave up \(failedConnects)"
+    if options.accounts > 0 { text += ", other accounts' messages received \(foreign)" }
     var fields: [(String, String)] = [
       ("messages", String(options.messages)), ("rate", String(options.rate)), ("deliveries", String(deliveries)),
       ("lost", String(lost)), ("not_injected", String(notInjected)), ("dup", String(duplicates)),
@@ -389,7 +490,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       ("p99_ms", String(format: "%.3f", percentile(0.99))), ("max_ms", String(format: "%.3f", percentile(1.0))),
       ("deliveries_per_s", String(format: "%.0f", rate)), ("inject_failures", String(injectFailures)),
       ("drops", String(unexpectedDrops)), ("achieved_rate", String(format: "%.1f", offered)),
-      ("retries", String(retryCount)), ("gave_up", String(failedConnects)),
+      ("retries", String(retryCount)), ("gave_up", String(failedConnects)), ("foreign", String(foreign)),
     ]
     if stormStarted > 0 {
       let recovery = stormRecovered > 0 ? stormRecovered - stormStarted : .nan
@@ -397,5 +498,27 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       fields.append(("storm_recover_s", String(format: "%.3f", recovery)))
     }
     return (text, fields, deliveries)
+  }
+}
+
+/// The fixture's `/_control/stats`.
+struct FixtureStats {
+  var pollsInFlight: Int
+  var sessions: Int
+  var users: Int
+  var maxPerUser: Int
+
+  static func parse(_ text: String) -> FixtureStats? {
+    guard let json = try? RawJSON.parse(text) else { return nil }
+    var stats = FixtureStats(
+      pollsInFlight: Int(json["polls_in_flight"]?.unsignedID ?? 0), sessions: Int(json["sessions"]?.unsignedID ?? 0),
+      users: 0, maxPerUser: 0)
+    if let users = json["users"], case .object(let members) = users.value {
+      stats.users = members.count
+      for (_, user) in members {
+        stats.maxPerUser = max(stats.maxPerUser, Int(user["max_polls_in_flight"]?.unsignedID ?? 0))
+      }
+    }
+    return stats
   }
 }

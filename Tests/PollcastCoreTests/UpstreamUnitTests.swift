@@ -4,6 +4,13 @@ import Testing
 @testable import PollcastCore
 
 @Suite struct BackoffTests {
+  @Test(arguments: ["abc-._~XYZ09", "101:5,202:7", "a b&c=d/e?f#g", "ключ ✓ 🎉", "%41+", ""])
+  func queryValuesAreEncodedAsFoundationWould(_ value: String) {
+    var allowed = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+    allowed.insert(charactersIn: "-._~")
+    #expect(encodeQueryValue(value) == value.addingPercentEncoding(withAllowedCharacters: allowed))
+  }
+
   @Test func ceilingDoublesFromTheBaseUpToTheCap() {
     let backoff = Backoff(base: 2, cap: 30)
     #expect((0..<6).map { backoff.ceiling(attempt: $0) } == [2, 4, 8, 16, 30, 30])

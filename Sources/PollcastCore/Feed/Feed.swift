@@ -59,7 +59,8 @@ public actor Feed {
     let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in
       self?.assumeIsolated { $0.tick() }
     }
-    timer.schedule(after: settings.heartbeatInterval / Double(Feed.heartbeatSlices))
+    heartbeatSlicesNow = heartbeatSlicesWanted
+    timer.schedule(after: settings.heartbeatInterval / Double(heartbeatSlicesNow))
     heartbeatTimer = timer
     started = true
     if subscribers.contains(where: { $0.endsAt != nil || $0.expiresAt != nil }) { startEndTimer() }
@@ -276,6 +277,7 @@ public actor Feed {
     stats.bytesQueued += opening.reduce(0) { $0 + $1.count }
     subscriber.sink.write(opening)
     if subscriber.mode == .replaying { pump(subscriber) }
+    adjustHeartbeat(growOnly: true)
     subscribersChanged()
     return subscriber
   }
@@ -365,14 +367,33 @@ public actor Feed {
   /// interval plus one tick.
   static let heartbeatSlices = 40
 
+  /// Slices per interval now: one per subscriber up to `heartbeatSlices`, so a feed with two readers (an
+  /// account's, in per-user relaying) wakes twice per interval, not forty times; with none, once.
+  private var heartbeatSlicesNow = 1
+  private var heartbeatSlicesWanted: Int { max(1, min(Feed.heartbeatSlices, subscribers.count)) }
+
+  /// Re-arms the heartbeat timer when the slice count should change: at once when it should grow (new readers
+  /// must not wait a long tick), at the next tick when it should shrink.
+  private func adjustHeartbeat(growOnly: Bool) {
+    guard let heartbeatTimer else { return }
+    let wanted = heartbeatSlicesWanted
+    guard wanted > heartbeatSlicesNow || (!growOnly && wanted != heartbeatSlicesNow) else { return }
+    heartbeatSlicesNow = wanted
+    heartbeatTimer.schedule(after: settings.heartbeatInterval / Double(wanted))
+  }
+
   private func tick() {
     let now = MonotonicClock.seconds()
     ring.evictExpired(now: now)
     guard !subscribers.isEmpty else { return }
     // Each tick visits count / slices subscribers, so each one is visited once per interval.
-    heartbeatCredit += Double(subscribers.count) / Double(Feed.heartbeatSlices)
+    let slices = heartbeatSlicesNow
+    defer { adjustHeartbeat(growOnly: false) }
+    heartbeatCredit += Double(subscribers.count) / Double(slices)
     let share = Int(heartbeatCredit)
     heartbeatCredit -= Double(share)
+    // Written to within the finest slice: no heartbeat needed. (Not the current slice: with one reader visited
+    // once per interval, that would let a stream written just before its visit stay silent for two intervals.)
     let quiet = settings.heartbeatInterval / Double(Feed.heartbeatSlices)
     var visited = 0
     if heartbeatCursor >= subscribers.count { heartbeatCursor = 0 }

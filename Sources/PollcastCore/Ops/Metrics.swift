@@ -112,7 +112,7 @@ public enum Metrics {
         "pollcast_credential_checks_pending", "gauge", "Key checks waiting for the upstream now.",
         accounts.pendingChecks)
       one(
-        "pollcast_account_ring_bytes", "gauge", "Ring bytes over all accounts (checked once a second).",
+        "pollcast_account_ring_bytes", "gauge", "Ring bytes over all accounts (checked every 2 s).",
         accounts.ringBytes)
       one(
         "pollcast_account_polls_in_flight", "gauge", "Upstream polls in flight over all accounts.",

@@ -96,10 +96,27 @@ public func redactURL(_ url: String) -> String {
 }
 
 /// Percent-encodes a query parameter value.
+///
+/// RFC 3986's unreserved characters (ASCII letters, digits, `-._~`) stay; every other UTF-8 byte becomes `%XX`.
+/// Done by hand over the bytes: Foundation's `addingPercentEncoding` with a `CharacterSet` cost a seventh of the
+/// relay's CPU when every poll of 2,000 accounts encoded its token and cursor.
 public func encodeQueryValue(_ value: String) -> String {
-  var allowed = CharacterSet.alphanumerics
-  allowed.insert(charactersIn: "-._~")
-  return value.addingPercentEncoding(withAllowedCharacters: allowed) ?? value
+  func unreserved(_ byte: UInt8) -> Bool {
+    (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || (byte >= 0x30 && byte <= 0x39)
+      || byte == 0x2D || byte == 0x2E || byte == 0x5F || byte == 0x7E
+  }
+  if value.utf8.allSatisfy(unreserved) { return value }
+  let hex = Array("0123456789ABCDEF".utf8)
+  var bytes: [UInt8] = []
+  bytes.reserveCapacity(value.utf8.count * 3)
+  for byte in value.utf8 {
+    if unreserved(byte) {
+      bytes.append(byte)
+    } else {
+      bytes += [0x25, hex[Int(byte >> 4)], hex[Int(byte & 0x0F)]]
+    }
+  }
+  return String(decoding: bytes, as: UTF8.self)
 }
 
 /// The transport with its interceptor chain: what adapters call.

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Per-user relaying (auth.mode = upstream): ACCOUNTS accounts × 2 subscribers each on the fixture, messages to
+# random accounts at RATE per second. Reports polls in flight per account (fixture stats, must stay ≤ 1), relay
+# CPU per delivery, RSS per active account and per further subscriber, p50/p99 latency, and relay CPU idle with
+# every account's poll hanging. Relay on CPU 0, fixture and bench on CPU 1.
+# Usage: Benchmarks/accounts.sh [RUNS=3] [ACCOUNTS=2000] [RATE=100] [MESSAGES=3000] [IDLE_SECONDS=20]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-3}
+accounts=${2:-2000}
+rate=${3:-100}
+messages=${4:-3000}
+idle=${5:-20}
+swift build -c release >/dev/null
+bin=$(swift build -c release --show-bin-path)
+work=$(mktemp -d)
+cleanup() { kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+for run in $(seq 1 "$runs"); do
+  taskset -c 1 "$bin/pollcast-legacy-fixture" --listen 127.0.0.1:0 --accounts "$accounts" >"$work/fixture.out" 2>/dev/null &
+  fixture_pid=$!
+  until grep -q listening "$work/fixture.out" 2>/dev/null; do sleep 0.05; done
+  fixture=$(head -1 "$work/fixture.out" | sed 's/listening on //')
+  taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 --upstream-url "http://$fixture" --auth-mode upstream \
+    --log-level warning >"$work/relay.out" 2>"$work/relay.err" &
+  pid=$!
+  until grep -q listening "$work/relay.out" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { echo "the relay did not start: $(cat "$work/relay.err")" >&2; exit 1; }
+    sleep 0.05
+  done
+  relay=$(head -1 "$work/relay.out" | sed 's/listening on //')
+  taskset -c 1 "$bin/pollcast-bench" --target "http://$relay/events" --inject "fixture:http://$fixture" \
+    --accounts "$accounts" --subscribers $((accounts * 2)) --messages "$messages" --rate "$rate" \
+    --idle-seconds "$idle" --connect-batch 200 --sources 16 --relay-pid "$pid" --label "accounts" >"$work/bench.out" 2>&1 || true
+  grep -v '^SUMMARY' "$work/bench.out" | sed "s/^/run $run: /"
+  if ! kill "$pid" 2>/dev/null; then echo "run $run: the relay died:"; tail -30 "$work/relay.err"; fi
+  wait "$pid" 2>/dev/null || true
+  kill "$fixture_pid" 2>/dev/null || true
+  wait "$fixture_pid" 2>/dev/null || true
+  grep SUMMARY "$work/bench.out" >>"$work/summaries.txt" || echo "run $run: no summary"
+done
+python3 - "$work/summaries.txt" <<'PY'
+import statistics, sys
+rows = [dict(f.split("=", 1) for f in line.split()[1:]) for line in open(sys.argv[1])]
+def med(key):
+    values = [float(r[key]) for r in rows if key in r]
+    return statistics.median(values) if values else float("nan")
+print(f"runs {len(rows)}: median over runs")
+for key in ["max_polls_per_account", "lost", "dup", "foreign", "cpu_us_per_delivery", "p50_ms", "p99_ms",
+            "rss_kb_per_account", "rss_kb_per_extra_sub", "idle_cpu_pct", "deliveries", "connected", "sessions"]:
+    print(f"  {key}: {med(key):g}   (runs: {', '.join(r.get(key, '?') for r in rows)})")
+PY

@@ -68,6 +68,30 @@ import Testing
     }
   }
 
+  /// `auth.mode = upstream`: the page asks for the legacy key, puts it in the cookie, and then shows that
+  /// account's messages only (the browser's EventSource sends the cookie).
+  @Test func livePageAsksForTheKeyAndShowsOnlyThatAccount() async throws {
+    try await AccountsHarness.start().run { harness in
+      let browser = try WebDriver()
+      defer { browser.quit() }
+      try browser.navigate(to: "http://127.0.0.1:\(harness.port)/")
+      try await waitFor(browser, "the key form", "return document.getElementById('token-form') !== null")
+      _ = try browser.evaluate(
+        "document.getElementById('token').value = 'key-1000'; "
+          + "document.getElementById('token-form').requestSubmit(); return true")
+      try await waitFor(
+        browser, "the page to connect with the key",
+        "return document.cookie.includes('pollcast_token=key-1000') && window.pollcast && window.pollcast.opens >= 1")
+      try await harness.waitForParkedPoll(user: "1000")
+      await harness.fixture.append(user: "1001", texts: ["not yours"])
+      await harness.fixture.append(user: "1000", texts: ["yours 1", "yours 2"])
+      try await waitFor(browser, "the account's messages", "return window.pollcast.messages.length >= 2")
+      try await Task.sleep(for: .milliseconds(300))
+      let shown = arrayOfStrings(try browser.evaluate("return window.pollcast.messages.map(m => m.text)"))
+      #expect(shown == ["yours 1", "yours 2"])
+    }
+  }
+
   private func waitFor(_ browser: WebDriver, _ what: String, _ script: String, timeout: Double = 15) async throws {
     let deadline = MonotonicClock.seconds() + timeout
     while try browser.evaluate(script).rawText != "true" {

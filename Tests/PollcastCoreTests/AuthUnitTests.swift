@@ -78,6 +78,9 @@ import Testing
     #expect(pick(nil, nil, allowQuery: false) == nil)
     #expect(CredentialExtractor.cookieValue("a=1;b=2; pc=3", name: "pc") == "3")
     #expect(CredentialExtractor.cookieValue("pcx=3", name: "pc") == nil)
+    // What a page's encodeURIComponent stored comes back as the key; a stray % that decodes to nothing stays.
+    #expect(CredentialExtractor.cookieValue("pc=ab%2Bc%2Fd%3D%3B", name: "pc") == "ab+c/d=;")
+    #expect(CredentialExtractor.cookieValue("pc=100%", name: "pc") == "100%")
   }
 
   // MARK: Addresses

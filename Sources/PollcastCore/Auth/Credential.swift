@@ -37,13 +37,16 @@ public enum CredentialExtractor {
     return result
   }
 
-  /// The value of cookie `name` in a `Cookie:` header (`a=1; b=2`), surrounding quotes removed.
+  /// The value of cookie `name` in a `Cookie:` header (`a=1; b=2`), surrounding quotes removed and
+  /// percent-encoding decoded.
   static func cookieValue(_ header: String, name: String) -> String? {
     for pair in header.split(separator: ";") {
       let parts = pair.split(separator: "=", maxSplits: 1)
       guard parts.count == 2, trimSpaces(parts[0]) == name else { continue }
       var value = trimSpaces(parts[1])
       if value.utf8.count >= 2, value.hasPrefix("\""), value.hasSuffix("\"") { value = value.dropFirst().dropLast() }
+      // Pages store keys with encodeURIComponent (a cookie value cannot hold `;`, `,`, spaces…): decode that.
+      if value.contains("%"), let decoded = String(value).removingPercentEncoding { return decoded }
       return String(value)
     }
     return nil

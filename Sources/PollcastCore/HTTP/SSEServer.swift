@@ -439,7 +439,7 @@ public actor SSEServer {
       return
     }
     if let refusal = admission.admit(address: address, subject: subject) {
-      if refusal == .perAddress && settings.access.trustedProxies.isEmpty && addresses.isTrusted(address) == false
+      if refusal == .perAddress && settings.access.trustedProxies.isEmpty
         && (address.hasPrefix("127.") || address == "::1")
       {
         // Everyone seems to come from loopback: most likely a proxy in front that is not in trusted_proxies.

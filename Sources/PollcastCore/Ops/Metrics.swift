@@ -84,6 +84,11 @@ public enum Metrics {
       metric(
         "pollcast_event_loop_lag_max_seconds", "gauge", "The largest event loop lag seen.", [("", String(loopLag.max))])
     }
+    if let protection {
+      metric(
+        "pollcast_auth_mode", "gauge", "Who may read what (auth.mode): 1 for the mode in force.",
+        ["none", "jwt", "upstream"].map { ("{mode=\"\($0)\"}", $0 == protection.authMode ? "1" : "0") })
+    }
     if let accounts {
       one(
         "pollcast_accounts_active", "gauge", "Accounts whose upstream loop runs (auth.mode upstream).",

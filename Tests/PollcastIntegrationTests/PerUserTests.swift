@@ -60,6 +60,7 @@ import Testing
   /// sees one poll in flight for that user, and all three get the same ids.
   @Test func threeConnectionsOverTwoKeysShareOnePoll() async throws {
     try await AccountsHarness.start().run { harness in
+      #expect(try httpGet(port: harness.port, "/readyz").status == 200)
       await harness.fixture.addKey("phone-1000", for: "1000")
       let first = try harness.client("key-1000")
       try first.waitUntil("live", Self.isLive)
@@ -144,6 +145,9 @@ import Testing
       #expect(answer.status == 503)
       #expect(answer.body.contains("upstream_unavailable"))
       #expect(answer.headers["retry-after"] != nil)
+      let ready = try httpGet(port: harness.port, "/readyz")
+      #expect(ready.status == 503)
+      #expect(ready.body.contains("could not be reached"))
     }
   }
 

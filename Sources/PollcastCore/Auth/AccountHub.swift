@@ -157,6 +157,9 @@ public actor AccountHub {
   private var boundsTimer: LoopTimer?
   private var logLimiter = LogLimiter()
   private var stopped = false
+  /// When a key check last reached the legacy API (any answer), and when one last could not.
+  private var lastReached: Double?
+  private var lastUnreachable: Double?
 
   /// Makes the hub and its shared upstream transport (one libcurl multi handle for every account). Call on the
   /// loop's executor (`loop.submit`).
@@ -258,10 +261,12 @@ public actor AccountHub {
     } catch {
       switch error.kind {
       case .status(401), .status(403):
+        lastReached = MonotonicClock.seconds()
         stats.credentialChecks["refused", default: 0] += 1
         remember(refusal: digest)
         return .refused(reason: "invalid_credential")
       default:
+        lastUnreachable = MonotonicClock.seconds()
         stats.credentialChecks["unavailable", default: 0] += 1
         logger.limited(
           .warning, "could not check a subscriber's credential with the upstream",
@@ -270,6 +275,7 @@ public actor AccountHub {
       }
     }
     stats.credentialChecks["accepted", default: 0] += 1
+    lastReached = MonotonicClock.seconds()
     let key = identity.map { "user:\($0.user)" } ?? "credential:\(digest.hex)"
     return activate(
       key: key, label: identity?.user, streams: identity?.streams ?? adapter.defaultStreams, credential: credential,
@@ -519,6 +525,16 @@ public actor AccountHub {
     snapshot.subscribers = subscribers
     snapshot.feeds = feeds
     return snapshot
+  }
+
+  /// `/readyz`: not ready while the legacy API could not be reached for the last key check and no account's loop
+  /// is live (new subscribers would all get 503); ready otherwise.
+  public func readiness() -> (ready: Bool, reason: String) {
+    let live = accounts.values.contains { $0.worker?.assumeIsolated { $0.state == .live } ?? false }
+    if let failed = lastUnreachable, failed > lastReached ?? 0, !live {
+      return (false, "the legacy API could not be reached to check a key, and no account is live")
+    }
+    return (true, "per-user relaying: \(activeCount) accounts active")
   }
 
   /// The account with this key (`user:<id>`), if kept (tests, introspection).

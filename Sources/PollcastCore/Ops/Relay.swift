@@ -81,10 +81,7 @@ public final class Relay: Sendable {
       "/readyz",
       .init { [worker, hub] in
         var (ready, reason) = worker?.assumeIsolated { $0.readiness() } ?? (true, "no upstream configured")
-        if let hub {
-          let active = hub.assumeIsolated { $0.statistics().activeAccounts }
-          (ready, reason) = (true, "per-user relaying: \(active) accounts active")
-        }
+        if let hub { (ready, reason) = hub.assumeIsolated { $0.readiness() } }
         let body = JSONText.object(["ready": ready ? "true" : "false", "reason": JSONText.quoted(reason)]) + "\n"
         return (ready ? 200 : 503, "application/json", body)
       })

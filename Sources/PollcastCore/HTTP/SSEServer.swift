@@ -272,15 +272,7 @@ public actor SSEServer {
       openStream(request, ask, identity: nil)
       return
     }
-    guard
-      let (credential, _) = CredentialExtractor.extract(
-        authorization: request.header("Authorization"), cookie: request.header("Cookie"), query: query,
-        cookieName: settings.access.cookieName, allowQuery: settings.access.allowQueryToken)
-    else {
-      authFailures["missing", default: 0] += 1
-      unauthorized(request, reason: "missing", message: missingCredentialMessage, cors: cors)
-      return
-    }
+    guard let credential = credential(of: request, query: query, cors: cors) else { return }
     let now = Date().timeIntervalSince1970
     if let known = verifier.cached(credential, now: now) {
       openStream(request, ask, identity: known)
@@ -288,18 +280,45 @@ public actor SSEServer {
       openStream(request, ask, identity: verifier.verify(credential, now: now))
     } else {
       // RS256/ES256: the check runs on its own thread; the request waits, watched, and the loop goes on.
-      guard let pending = PendingRequest(request, loop: loop) else { return }
-      listener?.responseStaysOpen()
-      Task {
-        let outcome = await verifier.verifyOffLoop(credential, now: { Date().timeIntervalSince1970 })
-        guard let request = pending.resume() else { return }  // the client left meanwhile
-        request.addHeader("Connection", "close")  // no keep-alive deadline was armed for a parked request
+      park(request) { server in
+        await server.verifier?.verifyOffLoop(credential, now: { Date().timeIntervalSince1970 }) ?? nil
+      } then: { server, request, outcome in
         guard let outcome else {
-          refuseBusy(request, cors: cors)
+          server.refuseBusy(request, cors: cors)
           return
         }
-        openStream(request, ask, identity: outcome)
+        server.openStream(request, ask, identity: outcome)
       }
+    }
+  }
+
+  /// The subscriber's credential (header, cookie, query), or nil after answering 401.
+  private func credential(of request: HTTPRequest, query: [(String, String)], cors: [(String, String)]) -> String? {
+    guard
+      let (credential, _) = CredentialExtractor.extract(
+        authorization: request.header("Authorization"), cookie: request.header("Cookie"), query: query,
+        cookieName: settings.access.cookieName, allowQuery: settings.access.allowQueryToken)
+    else {
+      authFailures["missing", default: 0] += 1
+      unauthorized(request, reason: "missing", message: missingCredentialMessage, cors: cors)
+      return nil
+    }
+    return credential
+  }
+
+  /// Parks `request` (watched: a client that leaves frees it) while `work` runs, then answers it on the loop
+  /// with the result, unless the client left meanwhile.
+  private func park<T: Sendable>(
+    _ request: HTTPRequest, _ work: @escaping (isolated SSEServer) async -> T,
+    then answer: @escaping (isolated SSEServer, HTTPRequest, T) -> Void
+  ) {
+    guard let pending = PendingRequest(request, loop: loop) else { return }
+    listener?.responseStaysOpen()
+    Task {
+      let result = await work(self)
+      guard let request = pending.resume() else { return }  // the client left meanwhile
+      request.addHeader("Connection", "close")  // no keep-alive deadline was armed for a parked request
+      answer(self, request, result)
     }
   }
 
@@ -309,26 +328,15 @@ public actor SSEServer {
   private func openAccountStream(
     _ request: HTTPRequest, _ ask: StreamAsk, hub: AccountHub, query: [(String, String)]
   ) {
-    guard
-      let (credential, _) = CredentialExtractor.extract(
-        authorization: request.header("Authorization"), cookie: request.header("Cookie"), query: query,
-        cookieName: settings.access.cookieName, allowQuery: settings.access.allowQueryToken)
-    else {
-      authFailures["missing", default: 0] += 1
-      unauthorized(request, reason: "missing", message: missingCredentialMessage, cors: ask.cors)
-      return
-    }
+    guard let credential = credential(of: request, query: query, cors: ask.cors) else { return }
     if let known = hub.assumeIsolated({ $0.cached(credential) }) {
       answer(request, ask, known)
       return
     }
-    guard let pending = PendingRequest(request, loop: loop) else { return }
-    listener?.responseStaysOpen()
-    Task {
-      let outcome = await hub.resolve(credential)
-      guard let request = pending.resume() else { return }  // the client left meanwhile
-      request.addHeader("Connection", "close")  // no keep-alive deadline was armed for a parked request
-      answer(request, ask, outcome)
+    park(request) { _ in
+      await hub.resolve(credential)
+    } then: { server, request, outcome in
+      server.answer(request, ask, outcome)
     }
   }
 

@@ -274,6 +274,40 @@ import Testing
     }
   }
 
+  /// Accounts that start, go idle and are evicted leave nothing behind: their feed, loop, adapter and client are
+  /// freed (weak references go nil), however many come and go, and no upstream transfer is left in flight.
+  @Test func evictedAccountsAreFreed() async throws {
+    var settings = AccountsHarness.fastSettings(grace: 0.05)
+    settings.maxActiveAccounts = 4
+    settings.maxRetainedAccounts = 4
+    try await AccountsHarness.start(accounts: 40, hub: settings).run { harness in
+      var watches: [AccountWatch] = []
+      for round in 0..<40 {
+        let key = "key-\(1000 + round)"
+        let client = try harness.client(key)
+        try client.waitUntil("live", Self.isLive)
+        let watch = await harness.hub.watch(account: "user:\(1000 + round)")
+        #expect(watch.feed != nil && watch.worker != nil)
+        watches.append(watch)
+        client.reset()
+      }
+      try await harness.waitForAccount("user:1039", active: false)
+      // The first 36 accounts were evicted to make room for later ones: everything they held is gone.
+      let deadline = MonotonicClock.seconds() + 10
+      while watches.prefix(36).contains(where: { $0.feed != nil || $0.worker != nil })
+        && MonotonicClock.seconds() < deadline
+      {
+        try await Task.sleep(for: .milliseconds(50))
+      }
+      #expect(watches.prefix(36).allSatisfy { $0.feed == nil && $0.worker == nil })
+      let stats = await harness.hub.statistics()
+      #expect(stats.retainedAccounts == 4)
+      #expect(stats.evictions["max_retained_accounts"] == 36)
+      #expect(stats.activeAccounts == 0)
+      #expect(await harness.fixture.statistics().pollsInFlight == 0)
+    }
+  }
+
   /// Link and unlink reach only the account they concern, as stream-attached and stream-detached.
   @Test func linkChangesReachOnlyTheirAccount() async throws {
     try await AccountsHarness.start().run { harness in

@@ -80,7 +80,7 @@ public actor AccountHub {
     /// What logs and metrics may show: the user id, or `account-<n>`.
     public let label: String
     public let feed: Feed
-    fileprivate(set) var worker: UpstreamWorker?
+    public fileprivate(set) var worker: UpstreamWorker?
     /// Where a stopped loop left off.
     fileprivate var position: UpstreamWorker.Position?
     /// The streams the session said the account reads, before its loop's first preparation.

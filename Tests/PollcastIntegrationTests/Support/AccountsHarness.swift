@@ -83,4 +83,18 @@ struct AccountsHarness: StoppableHarness {
 extension AccountHub {
   func accountIsActive(_ key: String) -> Bool { account(key)?.isActive ?? false }
   func accountIsKept(_ key: String) -> Bool { account(key) != nil }
+
+  /// Weak references to an account's feed and loop, for leak checks.
+  func watch(account key: String) -> AccountWatch {
+    let watch = AccountWatch()
+    watch.feed = account(key)?.feed
+    watch.worker = account(key)?.worker
+    return watch
+  }
+}
+
+/// Weak references to what an account held.
+final class AccountWatch: @unchecked Sendable {
+  weak var feed: Feed?
+  weak var worker: UpstreamWorker?
 }

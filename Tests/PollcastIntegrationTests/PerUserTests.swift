@@ -368,6 +368,22 @@ import Testing
       let refused = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer key-1001")])
       #expect(refused.status == 401)
     }
+    // With no session step any key is accepted until its first poll: a refusal there counts against the address
+    // that brought the key, so a stream of random keys cannot buy upstream polls without limit.
+    try await AccountsHarness.start(admission: .init(maxFailuresPerMinute: 2), generic: generic).run { harness in
+      for attempt in 0..<2 {
+        let random = try harness.client("made-up-\(attempt)")
+        try random.waitUntil("credential-revoked") { !$0.events(ofType: "credential-revoked").isEmpty }
+      }
+      let refusedBefore = await harness.fixture.statistics().unauthorized
+      #expect(refusedBefore >= 2)
+      let throttled = try httpGet(
+        port: harness.port, "/events", headers: [("Authorization", "Bearer made-up-3")])
+      #expect(throttled.status == 429)
+      #expect(throttled.body.contains("auth_throttled"))
+      #expect(
+        await harness.fixture.statistics().unauthorized == refusedBefore, "the throttled key cost no upstream call")
+    }
   }
 
   /// Nothing secret reaches a log line even at trace level, nor `/metrics`, nor the page: no subscriber key

@@ -92,6 +92,9 @@ public actor AccountHub {
     fileprivate(set) var subscribers = 0
     fileprivate var lastUsed: Double
     fileprivate var graceTimer: LoopTimer?
+    /// An API without a session step accepts any key until its first poll: who brought the key, so that a
+    /// refusal of that first poll counts against that address like a refused check.
+    fileprivate var unverifiedFrom: String?
 
     fileprivate init(key: String, label: String, feed: Feed, streams: [String], now: Double) {
       self.key = key
@@ -235,7 +238,7 @@ public actor AccountHub {
 
   /// Checks `credential` with the upstream (or joins the check already running for it), then starts or finds
   /// its account.
-  public func resolve(_ credential: String) async -> Outcome {
+  public func resolve(_ credential: String, address: String? = nil) async -> Outcome {
     if let known = cached(credential) { return known }
     guard !stopped else { return .unavailable }
     let digest = CredentialDigest(credential, salt: digestSalt)
@@ -247,12 +250,12 @@ public actor AccountHub {
       return .busy
     }
     checking[digest] = []
-    let outcome = await check(credential, digest: digest)
+    let outcome = await check(credential, digest: digest, address: address)
     for waiter in checking.removeValue(forKey: digest) ?? [] { waiter.resume(returning: outcome) }
     return outcome
   }
 
-  private func check(_ credential: String, digest: CredentialDigest) async -> Outcome {
+  private func check(_ credential: String, digest: CredentialDigest, address: String?) async -> Outcome {
     let adapter = upstream.makeAdapter(credential)
     let client = makeClient(credential)
     let identity: UpstreamIdentity?
@@ -277,9 +280,27 @@ public actor AccountHub {
     stats.credentialChecks["accepted", default: 0] += 1
     lastReached = MonotonicClock.seconds()
     let key = identity.map { "user:\($0.user)" } ?? "credential:\(digest.hex)"
-    return activate(
+    let outcome = activate(
       key: key, label: identity?.user, streams: identity?.streams ?? adapter.defaultStreams, credential: credential,
       digest: digest, adapter: adapter, client: client)
+    if identity == nil, case .admitted(let account) = outcome { markUnverified(account, from: address) }
+    return outcome
+  }
+
+  /// Remembers who brought the key of an account whose loop has not completed a poll yet.
+  private func markUnverified(_ account: Account, from address: String?) {
+    guard account.unverifiedFrom == nil,
+      account.worker?.assumeIsolated({ $0.statistics.lastPollCompleted }) == nil
+    else { return }
+    account.unverifiedFrom = address
+  }
+
+  private var unverifiedRefusal: (@Sendable (String) -> Void)?
+
+  /// Called (on the loop) with the address that brought a key an API without a session step refused on its first
+  /// poll: the server counts it as a failed check, so random keys cannot buy upstream calls without limit.
+  public func onUnverifiedKeyRefused(_ handler: @escaping @Sendable (String) -> Void) {
+    unverifiedRefusal = handler
   }
 
   private func makeClient(_ credential: String) -> UpstreamClient {
@@ -419,6 +440,12 @@ public actor AccountHub {
 
   private func keyRefused(_ account: Account) {
     stats.revocations += 1
+    if let address = account.unverifiedFrom,
+      account.worker?.assumeIsolated({ $0.statistics.lastPollCompleted }) == nil
+    {
+      unverifiedRefusal?(address)
+    }
+    account.unverifiedFrom = nil
     if let credential = account.activeCredential {
       remember(refusal: CredentialDigest(credential, salt: digestSalt))
     }

@@ -80,6 +80,14 @@ public actor SSEServer {
         maxHeaderBytes: settings.maxHeaderBytes, maxBodyBytes: settings.maxBodyBytes, timeout: settings.timeout,
         backlog: settings.backlog, headerTimeout: settings.headerTimeout))
     self.listener = listener
+    hub?.assumeIsolated { hub in
+      hub.onUnverifiedKeyRefused { [weak self] address in
+        self?.assumeIsolated { server in
+          server.authFailures["invalid_credential", default: 0] += 1
+          server.admission.recordFailure(address, now: MonotonicClock.seconds())
+        }
+      }
+    }
     let limit = descriptorSoftLimit()
     if limit > 0 { descriptorLimit = limit }
     if admission.limits.maxConnections == 0 {
@@ -334,7 +342,7 @@ public actor SSEServer {
       return
     }
     park(request) { _ in
-      await hub.resolve(credential)
+      await hub.resolve(credential, address: ask.address)
     } then: { server, request, outcome in
       server.answer(request, ask, outcome)
     }

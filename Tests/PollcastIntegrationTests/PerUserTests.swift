@@ -181,6 +181,32 @@ import Testing
     }
   }
 
+  /// A grace period that ends between a subscriber's check and its attach (the check finished some loop turns
+  /// earlier) does not leave the subscriber on a stopped account: the loop restarts with that subscriber's key.
+  @Test func anAccountStoppedBetweenCheckAndAttachRestarts() async throws {
+    try await AccountsHarness.start(hub: AccountsHarness.fastSettings(grace: 0.1)).run { harness in
+      guard case .admitted(let account) = await harness.hub.resolve("key-1000") else {
+        Issue.record("key-1000 was not admitted")
+        return
+      }
+      try await harness.waitForAccount("user:1000", active: false)
+      #expect(await harness.hub.ensureActive(account, credential: "key-1000"))
+      #expect(await harness.hub.accountIsActive("user:1000"))
+      #expect(await harness.hub.statistics().restartsBeforeAttach == 1)
+      try await harness.waitForParkedPoll(user: "1000")
+      let client = try harness.client("key-1000")
+      try client.waitUntil("live", Self.isLive)
+      await harness.fixture.append(user: "1000", texts: ["after the restart"])
+      try client.waitUntil("the message") { $0.relayedMessages.count == 1 }
+      #expect(await harness.fixture.statistics().users["1000"]?.maxPollsInFlight == 1)
+      // Restarted for a subscriber that then never attaches: the loop still stops after the grace period.
+      client.reset()
+      try await harness.waitForAccount("user:1000", active: false)
+      #expect(await harness.hub.ensureActive(account, credential: "key-1000"))
+      try await harness.waitForAccount("user:1000", active: false)
+    }
+  }
+
   /// Kept accounts are bounded: the least recently used idle one is evicted with its ring, and a resume into it
   /// gets `reset` `too_old` (then live events, with ids above every id it had).
   @Test func evictionUnderTheBoundsLeadsToAReset() async throws {

@@ -126,6 +126,8 @@ public actor AccountHub {
     public var pollsInFlight = 0
     public var maxPollsInFlightPerAccount = 0
     public var subscribers = 0
+    /// Loops restarted because a grace period ended between a subscriber's check and its attach.
+    public var restartsBeforeAttach = 0
     /// Every account's feed counted together (accounts evicted earlier included, so counters never go down;
     /// gauges such as subscribers and ring sizes cover kept accounts only).
     public var feeds = FeedStatistics()
@@ -357,6 +359,24 @@ public actor AccountHub {
     account.lastUsed = now
     if account.subscribers == 0 { armGrace(account) }
     return .admitted(account)
+  }
+
+  /// Right before a stream attaches to `account`: its loop must run. The check that admitted the subscriber may
+  /// have finished some loop turns ago, and a grace period (or room made for another account) may have stopped the
+  /// loop meanwhile; it restarts with the subscriber's key. False when the account was evicted meanwhile or there
+  /// is no room (the subscriber gets 503 and retries).
+  public func ensureActive(_ account: Account, credential: String) -> Bool {
+    guard !account.isActive else { return true }
+    guard accounts[account.key] === account, makeRoomForActive() else { return false }
+    startLoop(
+      account, adapter: upstream.makeAdapter(credential), client: makeClient(credential), credential: credential)
+    let digest = CredentialDigest(credential, salt: digestSalt)
+    account.credentials[digest] = (credential, MonotonicClock.seconds())
+    acceptedIndex[digest] = account.key
+    stats.restartsBeforeAttach += 1
+    // If the stream is refused after all (per-account cap, descriptor reserve), the loop still stops in time.
+    if account.subscribers == 0 { armGrace(account) }
+    return true
   }
 
   private func full() -> Outcome {

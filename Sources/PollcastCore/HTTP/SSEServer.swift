@@ -338,19 +338,29 @@ public actor SSEServer {
   ) {
     guard let credential = credential(of: request, query: query, cors: ask.cors) else { return }
     if let known = hub.assumeIsolated({ $0.cached(credential) }) {
-      answer(request, ask, known)
+      answer(request, ask, known, credential: credential)
       return
     }
     park(request) { _ in
       await hub.resolve(credential, address: ask.address)
     } then: { server, request, outcome in
-      server.answer(request, ask, outcome)
+      server.answer(request, ask, outcome, credential: credential)
     }
   }
 
-  private func answer(_ request: HTTPRequest, _ ask: StreamAsk, _ outcome: AccountHub.Outcome) {
+  private func answer(
+    _ request: HTTPRequest, _ ask: StreamAsk, _ outcome: AccountHub.Outcome, credential: String
+  ) {
     switch outcome {
     case .admitted(let account):
+      // The check may have finished some turns ago: make sure the account's loop still runs before attaching.
+      guard hub?.assumeIsolated({ $0.ensureActive(account, credential: credential) }) ?? true else {
+        admission.count(.maxAccounts)
+        unavailable(
+          request, error: "max_accounts", message: "the relay serves as many accounts as it may: retry later",
+          cors: ask.cors)
+        return
+      }
       openStream(request, ask, identity: nil, account: account)
     case .refused(let reason):
       authFailures[reason, default: 0] += 1

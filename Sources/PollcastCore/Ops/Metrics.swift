@@ -106,6 +106,10 @@ public enum Metrics {
           ("{reason=\"\($0)\"}", String(accounts.evictions[$0] ?? 0))
         })
       one(
+        "pollcast_account_restarts_before_attach_total", "counter",
+        "Account loops restarted because a grace period ended between a key check and the stream's attach.",
+        accounts.restartsBeforeAttach)
+      one(
         "pollcast_account_revocations_total", "counter", "Accounts whose key the upstream refused while polling.",
         accounts.revocations)
       metric(

@@ -33,6 +33,18 @@ import Testing
     #expect(ring.floorID == 3)
   }
 
+  @Test func shrinkDropsTheOldestDownToTheBytesAskedAndRaisesTheFloor() {
+    var ring = ReplayRing(limits: .init(maxEvents: 100, maxBytes: 1000), floorID: 0)
+    for id in UInt64(1)...10 { ring.append(entry(id)) }
+    #expect(ring.shrink(toBytes: 35) == 70)
+    #expect(ring.count == 3)
+    #expect(ring.oldestID == 8)
+    #expect(ring.floorID == 7)
+    #expect(ring.shrink(toBytes: 100) == 0)
+    #expect(ring.shrink(toBytes: 0) == 30)
+    #expect(ring.isEmpty && ring.floorID == 10)
+  }
+
   @Test func ageBoundEvictsOnlyExpiredEvents() {
     var ring = ReplayRing(limits: .init(maxEvents: 100, maxBytes: 1000, maxAge: 10), floorID: 0)
     ring.append(entry(1, time: 0))

@@ -261,6 +261,42 @@ import Testing
     }
   }
 
+  /// With every account in use, the bound over all rings is kept by dropping the oldest events of the largest rings:
+  /// the accounts go on live, and a resume from a dropped id gets `reset` `too_old`.
+  @Test func ringBytesOverActiveAccountsAreBoundedToo() async throws {
+    var settings = AccountsHarness.fastSettings()
+    settings.maxTotalRingBytes = 4_000
+    try await AccountsHarness.start(hub: settings).run { harness in
+      let alice = try harness.client("key-1000")
+      let bob = try harness.client("key-1001")
+      try alice.waitUntil("live", Self.isLive)
+      try bob.waitUntil("live", Self.isLive)
+      try await harness.waitForParkedPoll(user: "1000")
+      try await harness.waitForParkedPoll(user: "1001")
+      await harness.fixture.append(user: "1000", texts: (1...20).map { "a\($0) " + String(repeating: "x", count: 100) })
+      await harness.fixture.append(user: "1001", texts: (1...5).map { "b\($0)" })
+      try alice.waitUntil("20 messages") { $0.relayedMessages.count == 20 }
+      try bob.waitUntil("5 messages") { $0.relayedMessages.count == 5 }
+      let deadline = MonotonicClock.seconds() + 10
+      while await harness.hub.statistics().ringTrims == 0 && MonotonicClock.seconds() < deadline {
+        try await Task.sleep(for: .milliseconds(50))
+      }
+      let stats = await harness.hub.statistics()
+      #expect(stats.ringTrims >= 1)
+      #expect(stats.ringBytes <= 4_000)
+      #expect(stats.evictions.values.reduce(0, +) == 0, "accounts in use are never evicted")
+      let first = try #require(alice.messageIDs.first)
+      let resume = try harness.client("key-1000", lastEventID: String(first))
+      try resume.waitUntil("a reset") { !$0.events(ofType: "reset").isEmpty }
+      #expect(resume.events(ofType: "reset").first?.data.contains("\"too_old\"") == true)
+      // Both go on live.
+      await harness.fixture.append(user: "1000", texts: ["a-live"])
+      await harness.fixture.append(user: "1001", texts: ["b-live"])
+      try alice.waitUntil("a-live") { $0.relayedMessages.count == 21 }
+      try bob.waitUntil("b-live") { $0.relayedMessages.count == 6 }
+    }
+  }
+
   /// A key revoked while its account polls: that account's streams end with `credential-revoked`; the key then
   /// gets 401; a client with another key of the same user reconnects with its Last-Event-ID and loses nothing.
   @Test func aRevokedKeyEndsTheAccountsStreams() async throws {

@@ -126,6 +126,8 @@ public actor AccountHub {
     public var pollsInFlight = 0
     public var maxPollsInFlightPerAccount = 0
     public var subscribers = 0
+    /// Passes that dropped the oldest events of accounts in use, because the bound over all rings was passed.
+    public var ringTrims = 0
     /// Loops restarted because a grace period ended between a subscriber's check and its attach.
     public var restartsBeforeAttach = 0
     /// Every account's feed counted together (accounts evicted earlier included, so counters never go down;
@@ -540,12 +542,28 @@ public actor AccountHub {
       total -= account.feed.assumeIsolated { $0.ringBytes }
       evict(account, reason: "max_total_ring_bytes")
     }
-    stats.ringBytes = total
     if total > settings.maxTotalRingBytes {
-      logger.limited(
-        .warning, "ring bytes over all accounts pass the bound, and every account is in use",
-        metadata: ["bytes": String(total), "bound": String(settings.maxTotalRingBytes)], limiter: &logLimiter)
+      total -= shrinkRings(by: total - settings.maxTotalRingBytes * 9 / 10)
     }
+    stats.ringBytes = total
+  }
+
+  /// Every account left is in use: the largest rings give up their oldest events (half of each at most per pass)
+  /// until `excess` bytes are freed. A resume from before what was dropped gets `reset` `too_old`, as with any
+  /// ring eviction. Returns the bytes freed.
+  private func shrinkRings(by excess: Int) -> Int {
+    var sizes = accounts.values.map { account in (account, account.feed.assumeIsolated { $0.ringBytes }) }
+    sizes.sort { $0.1 > $1.1 }
+    var freed = 0
+    for (account, size) in sizes where freed < excess && size > 0 {
+      let give = min(excess - freed, max(1, size / 2))
+      freed += account.feed.assumeIsolated { $0.shrinkRing(toBytes: size - give) }
+    }
+    stats.ringTrims += 1
+    logger.limited(
+      .warning, "ring bytes over all accounts passed the bound with every account in use: oldest events dropped",
+      metadata: ["freed": String(freed), "bound": String(settings.maxTotalRingBytes)], limiter: &logLimiter)
+    return freed
   }
 
   // MARK: Introspection and shutdown

@@ -80,6 +80,11 @@ public actor Feed {
   /// Bytes the replay ring holds (per-user relaying bounds their sum over accounts).
   public var ringBytes: Int { ring.byteCount }
 
+  /// Evicts the ring's oldest events down to `bytes` (per-user relaying's bound over all accounts). Returns the
+  /// bytes freed.
+  @discardableResult
+  public func shrinkRing(toBytes bytes: Int) -> Int { ring.shrink(toBytes: bytes) }
+
   /// Drops ring events older than the age bound (a paused feed's timer does not).
   public func evictExpired() { ring.evictExpired(now: MonotonicClock.seconds()) }
 

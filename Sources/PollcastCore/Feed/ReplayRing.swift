@@ -68,6 +68,15 @@ public struct ReplayRing {
     }
   }
 
+  /// Evicts the oldest events until at most `bytes` remain (a bound shared with other rings). Returns how many
+  /// bytes were freed.
+  @discardableResult
+  public mutating func shrink(toBytes bytes: Int) -> Int {
+    let before = byteCount
+    while !isEmpty && byteCount > max(0, bytes) { evictOldest() }
+    return before - byteCount
+  }
+
   /// The position of the first event with an id above `id` (`endIndex` when there is none).
   public func position(after id: UInt64) -> Int {
     var low = start

@@ -106,6 +106,10 @@ public enum Metrics {
           ("{reason=\"\($0)\"}", String(accounts.evictions[$0] ?? 0))
         })
       one(
+        "pollcast_account_ring_trims_total", "counter",
+        "Passes that dropped the oldest events of accounts in use to keep all rings within their bound.",
+        accounts.ringTrims)
+      one(
         "pollcast_account_restarts_before_attach_total", "counter",
         "Account loops restarted because a grace period ended between a key check and the stream's attach.",
         accounts.restartsBeforeAttach)

@@ -207,6 +207,34 @@ import Testing
     }
   }
 
+  /// The first poll of a loop restarted after its idle stop is answered with the last page again (an upstream
+  /// that resends): those are resends of what was relayed, not ids going backwards, and reach nobody twice.
+  @Test func aResentPageAfterAnIdleRestartIsNotRelayedAgain() async throws {
+    try await AccountsHarness.start(hub: AccountsHarness.fastSettings(grace: 0.2)).run { harness in
+      let client = try harness.client("key-1000")
+      try client.waitUntil("live", Self.isLive)
+      try await harness.waitForParkedPoll(user: "1000")
+      await harness.fixture.append(user: "1000", texts: ["m1", "m2", "m3"])
+      try client.waitUntil("three") { $0.relayedMessages.count == 3 }
+      let last = try #require(client.messageIDs.last)
+      client.reset()
+      try await harness.waitForAccount("user:1000", active: false)
+      await harness.fixture.queue([.duplicate])
+      let back = try harness.client("key-1000", lastEventID: String(last))
+      try back.waitUntil("live", Self.isLive)
+      try await harness.waitForParkedPoll(user: "1000")
+      #expect(await harness.fixture.statistics().faultsApplied == 1)
+      // The poll holds 1 s, then answers with the old page alone; the next poll parks.
+      try await Task.sleep(for: .milliseconds(1300))
+      try await harness.waitForParkedPoll(user: "1000")
+      await harness.fixture.append(user: "1000", texts: ["m4"])
+      try back.waitUntil("m4") { $0.relayedMessages.count >= 1 }
+      try? back.waitUntil(timeout: 0.3, "anything else") { _ in false }
+      #expect(Self.texts(back) == ["m4"])
+      #expect(!back.events(ofType: "upstream").contains { $0.data.contains("resync") })
+    }
+  }
+
   /// Kept accounts are bounded: the least recently used idle one is evicted with its ring, and a resume into it
   /// gets `reset` `too_old` (then live events, with ids above every id it had).
   @Test func evictionUnderTheBoundsLeadsToAReset() async throws {

@@ -103,13 +103,16 @@ public actor UpstreamWorker {
 
   /// Where polling stands: the streams and their cursors. A worker started later with `restore(_:)` polls on from
   /// there (per-user relaying stops an idle account's worker and makes a new one when a subscriber returns).
-  public struct Position: Sendable, Equatable {
+  public struct Position: Sendable {
     public var streams: [String]
     public var cursors: [String: UInt64]
+    /// The ids relayed lately per stream: an upstream that resends its last page after the restart is then
+    /// recognised as resending (dropped), not as ids going backwards (relayed again).
+    var recent: [String: RecentIDs] = [:]
   }
 
   public func position() -> Position? {
-    streams.isEmpty ? nil : Position(streams: streams, cursors: cursors)
+    streams.isEmpty ? nil : Position(streams: streams, cursors: cursors, recent: recent)
   }
 
   /// Before `start()`: poll on from `position`. What the upstream received meanwhile is relayed as live
@@ -118,6 +121,7 @@ public actor UpstreamWorker {
     guard !running else { return }
     streams = position.streams
     cursors = position.cursors
+    recent = position.recent
     hadSession = true
     restored = true
   }

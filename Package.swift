@@ -26,9 +26,14 @@ let package = Package(
       pkgConfig: "libjwt",
       providers: [.apt(["libjwt-dev"])]
     ),
+    .systemLibrary(
+      name: "CSQLite",
+      pkgConfig: "sqlite3",
+      providers: [.apt(["libsqlite3-dev"])]
+    ),
     .target(
       name: "PollcastCore",
-      dependencies: ["CLibevent", "CCurl", "CJWT"]
+      dependencies: ["CLibevent", "CCurl", "CJWT", "CSQLite"]
     ),
     .target(
       name: "LegacyFixture",

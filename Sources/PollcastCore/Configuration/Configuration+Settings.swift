@@ -38,6 +38,19 @@ extension Configuration {
       "server.trusted_proxies", \.server.trustedProxies,
       "Proxy addresses or CIDR blocks whose X-Forwarded-For is believed; every other sender's is ignored."),
     .string(
+      "store.kind", \.store.kind,
+      "Where the ring, ids and upstream cursors live: memory (lost on restart) or sqlite (store.path, survives"
+        + " restarts and kill -9)."),
+    .string("store.path", \.store.path, "store.kind sqlite: the database file (created when missing; WAL beside it)."),
+    .string(
+      "store.synchronous", \.store.synchronous,
+      "store.kind sqlite: normal (a commit survives a process crash; the last ones may be lost on power loss) or"
+        + " full (fsync per batch: survives power loss too)."),
+    .bool(
+      "store.reset_if_corrupt", \.store.resetIfCorrupt,
+      "store.kind sqlite: move a corrupt or foreign file aside (<path>.corrupt-<time>) and start empty, instead of"
+        + " exiting 74."),
+    .string(
       "auth.mode", \.auth.mode,
       "Who may read what: none (anyone, every stream), jwt (a signed token naming its streams) or upstream (each"
         + " subscriber's own legacy key: its own account's streams, one upstream loop per account)."),

@@ -180,7 +180,20 @@ public struct Configuration: Codable, Sendable, Equatable {
     }
   }
 
+  public struct Store: Codable, Sendable, Equatable {
+    public var kind = "memory"
+    public var path = ""
+    public var synchronous = "normal"
+    public var resetIfCorrupt = false
+
+    enum CodingKeys: String, CodingKey {
+      case kind, path, synchronous
+      case resetIfCorrupt = "reset_if_corrupt"
+    }
+  }
+
   public var server = Server()
+  public var store = Store()
   public var auth = Auth()
   public var cors = CORS()
   public var sse = SSE()
@@ -303,6 +316,7 @@ extension Configuration {
     }
     problems += authProblems()
     problems += upstreamProblems()
+    problems += storeProblems()
     return problems
   }
 }
@@ -458,6 +472,37 @@ public struct ConfigurationError: Error, CustomStringConvertible, Sendable, Equa
 }
 
 extension Configuration {
+  func storeProblems() -> [String] {
+    var problems: [String] = []
+    switch store.kind {
+    case "memory":
+      break
+    case "sqlite":
+      if store.path.isEmpty {
+        problems.append("store.path: store.kind sqlite needs a file path (--store-path /var/lib/pollcast/pollcast.db)")
+      }
+      if auth.mode == "upstream" {
+        problems.append(
+          "store.kind: sqlite keeps the shared feed; auth.mode upstream (one feed per account) needs store.kind memory"
+            + " for now")
+      }
+    default:
+      problems.append("store.kind: \"\(store.kind)\" is not memory or sqlite")
+    }
+    if SQLiteEventStore.Synchronous(rawValue: store.synchronous) == nil {
+      problems.append("store.synchronous: \"\(store.synchronous)\" is not normal or full")
+    }
+    return problems
+  }
+
+  /// Opens the store this configuration names (reading and checking a sqlite file).
+  public func openStore(logger: Logger) throws(StoreError) -> EventStore {
+    guard store.kind == "sqlite" else { return MemoryEventStore() }
+    return try SQLiteEventStore.open(
+      path: store.path, synchronous: SQLiteEventStore.Synchronous(rawValue: store.synchronous) ?? .normal,
+      resetIfCorrupt: store.resetIfCorrupt, logger: logger)
+  }
+
   func authProblems() -> [String] {
     var problems: [String] = []
     if auth.cookieName.isEmpty || auth.cookieName.contains(where: { " ;=,\t\"".contains($0) }) {

@@ -20,6 +20,12 @@ public struct EventIDAllocator: Sendable {
     return head
   }
 
+  /// Hands back the ids above `head` (a batch that could not be stored, when none was handed out after it).
+  public mutating func rewind(to head: UInt64) {
+    precondition(head <= self.head, "rewind only hands ids back")
+    self.head = head
+  }
+
   public static func nowMicroseconds() -> UInt64 {
     var spec = timespec()
     clock_gettime(CLOCK_REALTIME, &spec)

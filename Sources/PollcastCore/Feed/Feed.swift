@@ -29,11 +29,43 @@ public actor Feed {
   private let preamble: ByteSlice
   private var subscriberObservers: [(Int) -> Void] = []
 
-  public init(loop: EventLoop, settings: FeedSettings, ids: EventIDAllocator = EventIDAllocator()) {
+  /// Where batches are committed before anyone sees them (`store.kind`), and this feed's name there.
+  public nonisolated let store: EventStore
+  public nonisolated let storeKey: String
+  /// The id of the newest event subscribers may see: with a durable store, ids are handed out before the batch
+  /// is committed, and a batch is visible only once it is.
+  private var visibleHead: UInt64
+  /// Streams whose events the ring dropped since the last commit: the next commit drops them from the store.
+  private var forgottenStreams: [String] = []
+
+  /// - Parameter restored: what `store` held for this feed at start: its events go back into the ring, and `ids`
+  ///   must already start above its head (`EventIDAllocator(persistedAtLeast:)`).
+  public init(
+    loop: EventLoop, settings: FeedSettings, ids: EventIDAllocator = EventIDAllocator(),
+    store: EventStore = MemoryEventStore(), storeKey: String = "shared", restored: StoredFeed? = nil
+  ) {
+    precondition(restored.map { ids.head >= $0.headID } ?? true, "ids must start above the stored head")
     self.loop = loop
     self.settings = settings
     self.ids = ids
-    self.ring = ReplayRing(limits: settings.ring, floorID: ids.head)
+    self.store = store
+    self.storeKey = storeKey
+    self.visibleHead = ids.head
+    var ring = ReplayRing(
+      limits: settings.ring,
+      floorID: restored.map { $0.events.isEmpty ? $0.headID : $0.floorID } ?? ids.head)
+    if let restored {
+      // Ages carry over: an event published 10 minutes before the restart is 10 minutes old now.
+      let unixNow = Date().timeIntervalSince1970
+      let now = MonotonicClock.seconds()
+      for event in restored.events {
+        ring.append(
+          ReplayRing.Entry(
+            id: event.id, stream: event.stream, slice: event.bytes, time: now - max(0, unixNow - event.unixTime)))
+      }
+      ring.evictExpired(now: now)
+    }
+    self.ring = ring
     self.preamble = ByteSlice(
       SSEEncoder.comment("pollcast \(PollcastVersion.current)")
         + SSEEncoder.retry(milliseconds: settings.retryMilliseconds))
@@ -50,8 +82,8 @@ public actor Feed {
     for observer in subscriberObservers { observer(subscribers.count) }
   }
 
-  /// The id of the newest event (one below the first id while none was published).
-  public var headID: UInt64 { ids.head }
+  /// The id of the newest event subscribers can see (one below the first id while none was published).
+  public var headID: UInt64 { visibleHead }
 
   /// Starts the heartbeat and age-eviction timer.
   public func start() {
@@ -105,7 +137,7 @@ public actor Feed {
     snapshot.ringEvents = ring.count
     snapshot.ringBytes = ring.byteCount
     snapshot.ringEvicted = ring.evictedCount
-    snapshot.headID = ids.head
+    snapshot.headID = visibleHead
     return snapshot
   }
 
@@ -113,9 +145,74 @@ public actor Feed {
 
   /// Assigns ids to `events`, encodes them once into one shared block, stores them in the ring and writes them
   /// to every live subscriber. Returns the ids given, in order.
+  ///
+  /// For in-process sources of a feed that keeps nothing (`store.kind = memory`): with a durable store, use
+  /// `publish(_:position:)`, which commits the batch before anyone sees it.
   @discardableResult
   public func publish(_ events: [FeedEvent]) -> [UInt64] {
-    guard !events.isEmpty else { return [] }
+    precondition(!store.isDurable, "a durable feed publishes through publish(_:position:)")
+    guard let batch = prepare(events) else { return [] }
+    reveal(batch)
+    return batch.events.map(\.id)
+  }
+
+  /// Publishes `events` (possibly none) with the upstream `position` that produced them: the store commits both
+  /// in one step, and only then do the events enter the ring and reach subscribers. On a store error nothing is
+  /// visible, the ids are handed back when no later batch took ids meanwhile, and the caller keeps its old
+  /// position (the upstream sends the same messages again).
+  @discardableResult
+  public func publish(_ events: [FeedEvent], position: FeedPosition?) async throws(StoreError) -> [UInt64] {
+    guard store.isDurable else { return publish(events) }
+    let headBefore = ids.head
+    let batch = prepare(events)
+    let forget = forgottenStreams
+    forgottenStreams = []
+    let stored = StoreBatch(
+      feed: storeKey,
+      events: (batch?.events ?? []).map {
+        StoredEvent(
+          id: $0.id, stream: $0.stream, upstreamID: $0.upstreamID, unixTime: $0.unixTime, bytes: $0.entry.slice)
+      },
+      position: position, headID: ids.head, floorID: ring.floorID, forgetStreams: forget)
+    do {
+      try await commit(stored)
+    } catch {
+      stats.storeFailures += 1
+      forgottenStreams = forget + forgottenStreams
+      if let last = batch?.events.last?.id, ids.head == last { ids.rewind(to: headBefore) }
+      throw error
+    }
+    guard let batch else { return [] }
+    reveal(batch)
+    return batch.events.map(\.id)
+  }
+
+  private func commit(_ batch: StoreBatch) async throws(StoreError) {
+    let store = store
+    let result: Result<Void, StoreError> = await withCheckedContinuation { continuation in
+      store.commit(batch) { continuation.resume(returning: $0) }
+    }
+    try result.get()
+  }
+
+  /// One event of a batch, its id given and its bytes encoded, not yet visible.
+  private struct PreparedEvent {
+    var id: UInt64 { entry.id }
+    var stream: String? { entry.stream }
+    var entry: ReplayRing.Entry
+    var upstreamID: UInt64?
+    var unixTime: Double
+  }
+
+  /// A batch with its ids given and its bytes encoded in one block, not yet visible.
+  private struct PreparedBatch {
+    var events: [PreparedEvent]
+    /// The whole block, for the fan-out's fast path (subscribers that read every stream).
+    var whole: BroadcastBytes
+  }
+
+  private func prepare(_ events: [FeedEvent]) -> PreparedBatch? {
+    guard !events.isEmpty else { return nil }
     var assigned: [UInt64] = []
     assigned.reserveCapacity(events.count)
     var bounds: [(offset: Int, count: Int)] = []
@@ -132,21 +229,36 @@ public actor Feed {
     }
     let block = batchBytes.payload.block
     let now = MonotonicClock.seconds()
-    var batch: [ReplayRing.Entry] = []
+    let unixNow = store.isDurable ? Date().timeIntervalSince1970 : 0
+    var batch: [PreparedEvent] = []
     batch.reserveCapacity(events.count)
     for (index, event) in events.enumerated() {
       let entry = ReplayRing.Entry(
         id: assigned[index], stream: event.stream,
         slice: ByteSlice(block: block, offset: bounds[index].offset, count: bounds[index].count), time: now)
-      batch.append(entry)
+      batch.append(PreparedEvent(entry: entry, upstreamID: event.upstreamID, unixTime: unixNow))
+    }
+    return PreparedBatch(events: batch, whole: batchBytes)
+  }
+
+  /// Makes a prepared batch visible: into the ring, then to every live subscriber.
+  private func reveal(_ prepared: PreparedBatch) {
+    let batch = prepared.events
+    let now = MonotonicClock.seconds()
+    var entries: [ReplayRing.Entry] = []
+    entries.reserveCapacity(batch.count)
+    for prepared in batch {
+      // The ring's age counts from when the batch became visible.
+      let entry = ReplayRing.Entry(id: prepared.id, stream: prepared.stream, slice: prepared.entry.slice, time: now)
+      entries.append(entry)
       ring.append(entry)
       stats.eventsPublished += 1
-      if let stream = event.stream { stats.eventsPublishedByStream[stream, default: 0] += 1 }
+      if let stream = prepared.stream { stats.eventsPublishedByStream[stream, default: 0] += 1 }
     }
+    visibleHead = max(visibleHead, batch[batch.count - 1].id)
     ring.evictExpired(now: now)
     writeTime = now
-    fanOut(batch, whole: batchBytes)
-    return assigned
+    fanOut(entries, whole: prepared.whole)
   }
 
   /// Broadcasts an `upstream` status event (no id; not replayed) and remembers it for new subscribers.
@@ -162,7 +274,8 @@ public actor Feed {
   /// Removes a detached stream's events from the ring so that they are never replayed.
   @discardableResult
   public func forgetStream(_ stream: String) -> Int {
-    ring.removeAll(stream: stream)
+    if store.isDurable { forgottenStreams.append(stream) }
+    return ring.removeAll(stream: stream)
   }
 
   private func fanOut(_ batch: [ReplayRing.Entry], whole: BroadcastBytes) {
@@ -244,9 +357,9 @@ public actor Feed {
     sink: SubscriberSink, requestedID: String?, streams: Set<String>?,
     expiry: (monotonic: Double, unix: Double)? = nil
   ) -> Subscriber {
-    let decision = ResumeDecision.decide(requested: requestedID, floorID: ring.floorID, headID: ids.head)
+    let decision = ResumeDecision.decide(requested: requestedID, floorID: ring.floorID, headID: visibleHead)
     let subscriber = Subscriber(
-      streams: streams, sink: sink, cursor: ids.head, mode: .live)
+      streams: streams, sink: sink, cursor: visibleHead, mode: .live)
     if let age = settings.maxConnectionAge {
       let jitter =
         settings.maxConnectionAgeJitter > 0
@@ -336,7 +449,7 @@ public actor Feed {
       position += 1
     }
     if position >= ring.endIndex {
-      subscriber.cursor = ids.head
+      subscriber.cursor = visibleHead
       subscriber.mode = .live
       if let statusEvent { slices.append(statusEvent.payload) }
     }
@@ -357,10 +470,10 @@ public actor Feed {
     let data = JSONText.object([
       "reason": JSONText.quoted(reason.rawValue),
       "requested": JSONText.quoted(shown),
-      "oldest": JSONText.quoted(String(ring.oldestID ?? ids.head &+ 1)),
-      "latest": JSONText.quoted(String(ids.head)),
+      "oldest": JSONText.quoted(String(ring.oldestID ?? visibleHead &+ 1)),
+      "latest": JSONText.quoted(String(visibleHead)),
     ])
-    return SSEEncoder.event(id: ids.head, type: "reset", data: data)
+    return SSEEncoder.event(id: visibleHead, type: "reset", data: data)
   }
 
   // MARK: Timers and shutdown

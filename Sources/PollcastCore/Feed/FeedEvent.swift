@@ -6,11 +6,15 @@ public struct FeedEvent: Sendable, Equatable {
   public var stream: String?
   /// The `data:` payload (JSON text for the relay's own events).
   public var data: String
+  /// The upstream message's id, for relayed messages: stored with the event, so that after a restart an upstream
+  /// resending its last page is recognised as resending.
+  public var upstreamID: UInt64?
 
-  public init(type: String = "message", stream: String?, data: String) {
+  public init(type: String = "message", stream: String?, data: String, upstreamID: UInt64? = nil) {
     self.type = type
     self.stream = stream
     self.data = data
+    self.upstreamID = upstreamID
   }
 }
 
@@ -62,6 +66,8 @@ public struct FeedStatistics: Sendable, Equatable {
   public var heartbeatsSent = 0
   /// Streams ended because their token expired.
   public var tokenExpiries = 0
+  /// Batches the store could not commit (never shown to anyone; the upstream loop retries them).
+  public var storeFailures = 0
   public var bytesQueued = 0
   public var ringEvents = 0
   public var ringBytes = 0
@@ -82,6 +88,7 @@ public struct FeedStatistics: Sendable, Equatable {
     agedOut += other.agedOut
     heartbeatsSent += other.heartbeatsSent
     tokenExpiries += other.tokenExpiries
+    storeFailures += other.storeFailures
     bytesQueued += other.bytesQueued
     ringEvents += other.ringEvents
     ringBytes += other.ringBytes

@@ -5,6 +5,8 @@ public enum PollcastCommand {
   public static let exitUsage: Int32 = 64
   public static let exitConfig: Int32 = 78
   public static let exitUnavailable: Int32 = 69
+  /// The store (`store.path`) cannot be opened, or is corrupt or not a Pollcast store (sysexits' EX_IOERR).
+  public static let exitStore: Int32 = 74
 
   /// What `--demo` runs against: started on demand, stopped at exit.
   public struct DemoUpstream: Sendable {
@@ -97,6 +99,16 @@ public enum PollcastCommand {
     let relay: Relay
     do {
       relay = try await Relay.start(configuration: configuration)
+    } catch let error as StoreError {
+      logger.error(
+        "cannot open the store", metadata: ["path": error.path, "kind": error.kind.rawValue, "error": error.message])
+      printError(
+        "Error: \(error)\n"
+          + (error.kind == .corrupt
+            ? "  The file was left as it is. To start with an empty store instead, move it aside or set"
+              + " store.reset_if_corrupt (--store-reset-if-corrupt true).\n" : ""))
+      await demo?.stop()
+      return exitStore
     } catch {
       logger.error("cannot start", metadata: ["error": "\(error)"])
       await demo?.stop()

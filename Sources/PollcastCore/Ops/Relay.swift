@@ -52,19 +52,40 @@ public final class Relay: Sendable {
   }
 
   /// Starts a loop thread, the feed, the server and (when given) the upstream worker.
+  ///
+  /// With a durable `store`, the shared feed is rebuilt from it first (ring, ids above its head) and the worker
+  /// polls on from the stored cursors; the server listens only once that is done.
   public static func start(
     server serverSettings: ServerSettings, feed feedSettings: FeedSettings, logger: Logger,
-    ids: EventIDAllocator = EventIDAllocator(), upstream: Upstream? = nil,
+    ids: EventIDAllocator = EventIDAllocator(), store: EventStore = MemoryEventStore(), upstream: Upstream? = nil,
     accounts: (upstream: AccountHub.Upstream, settings: AccountHub.Settings)? = nil, shutdownSpread: Double = 0
   ) async throws -> Relay {
+    let restored = try store.load(feed: "shared")
+    var ids = ids
+    if let restored, ids.head < restored.headID {
+      ids = EventIDAllocator(persistedAtLeast: restored.headID)
+    }
+    if let restored {
+      logger.info(
+        "store loaded",
+        metadata: [
+          "kind": store.kind, "events": String(restored.events.count), "head_id": String(restored.headID),
+          "next_id": String(ids.head + 1),
+          "cursors": restored.position.map { $0.streams.map { "\($0)=\(restored.position!.cursors[$0] ?? 0)" } }?
+            .joined(separator: ",") ?? "",
+        ])
+    }
     let loop = try EventLoop()
     loop.start()
     let lagProbe = await loop.submit { LoopLagProbe(loop: loop) }
-    let feed = Feed(loop: loop, settings: feedSettings, ids: ids)
+    let feed = Feed(loop: loop, settings: feedSettings, ids: ids, store: store, restored: restored)
     await feed.start()
     var worker: UpstreamWorker?
     if let upstream {
       worker = try await makeWorker(loop: loop, feed: feed, upstream: upstream, logger: logger)
+      if let restored, let position = restored.position {
+        await worker?.restore(position, events: restored.events)
+      }
     }
     var hub: AccountHub?
     if let accounts {
@@ -105,6 +126,7 @@ public final class Relay: Sendable {
     } catch {
       await worker?.stop()
       loop.stop()
+      store.close()
       throw error
     }
     await worker?.start()
@@ -146,9 +168,15 @@ public final class Relay: Sendable {
         apiKey: configuration.upstream.apiKey, maxBodyBytes: configuration.upstream.maxBodyBytes) : nil
     var server = configuration.serverSettings
     server.access.jwt = try configuration.jwtSettings()
-    return try await start(
-      server: server, feed: configuration.feedSettings, logger: configuration.logger,
-      upstream: upstream, accounts: accounts, shutdownSpread: configuration.server.shutdownSpreadSeconds)
+    let store = try configuration.openStore(logger: configuration.logger)
+    do {
+      return try await start(
+        server: server, feed: configuration.feedSettings, logger: configuration.logger, store: store,
+        upstream: upstream, accounts: accounts, shutdownSpread: configuration.server.shutdownSpreadSeconds)
+    } catch {
+      store.close()
+      throw error
+    }
   }
 
   /// The port the server listens on.
@@ -160,5 +188,7 @@ public final class Relay: Sendable {
     await server.shutdown(deadline: max(deadline, shutdownSpread + 1), spread: shutdownSpread)
     await loop.submit { [lagProbe] in lagProbe.stop() }
     loop.stop()
+    // Every commit given before the worker stopped is waited for; the WAL is folded into the file.
+    feed.store.close()
   }
 }

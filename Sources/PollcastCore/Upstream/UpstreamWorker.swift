@@ -128,6 +128,17 @@ public actor UpstreamWorker {
 
   private var restored = false
 
+  /// Before `start()`: poll on from a position read from the store, the stored events' upstream ids counting as
+  /// relayed lately (an upstream that resends its last page after the restart is not relayed twice).
+  public func restore(_ stored: FeedPosition, events: [StoredEvent]) {
+    var recent: [String: RecentIDs] = [:]
+    for event in events {
+      guard let stream = event.stream, let id = event.upstreamID else { continue }
+      recent[stream, default: RecentIDs()].insert(id)
+    }
+    restore(Position(streams: stored.streams, cursors: stored.cursors, recent: recent))
+  }
+
   /// Called (on the loop) when `settings.stopWhenKeyRefused` is set and the upstream refused the key.
   public func onKeyRefused(_ handler: @escaping @Sendable (UpstreamError) -> Void) {
     keyRefused = handler
@@ -215,7 +226,11 @@ public actor UpstreamWorker {
             statistics.sessionsStarted += 1
             logger.info("upstream session started", metadata: ["streams": preparation.streams.joined(separator: ",")])
           }
-          apply(preparation)
+          let notices = apply(preparation)
+          // The streams and first cursors are stored before the first poll: a crash before any message arrives
+          // still polls on from here, so nothing the upstream receives meanwhile is skipped.
+          guard await store(notices, cycleGeneration) else { continue }
+          guard isCurrent(cycleGeneration) else { return }
           needsPreparation = false
           lastSync = MonotonicClock.seconds()
         }
@@ -241,7 +256,13 @@ public actor UpstreamWorker {
         statistics.backoffAttempt = 0
         statistics.nextRetryDelay = 0
         let cursorsBefore = cursors
-        let wentBackwards = await relay(answer, cycleGeneration)
+        guard let wentBackwards = await relay(answer, cycleGeneration) else {
+          // The store refused the batch: nothing of it was shown, the cursors did not move, and the next poll
+          // (after a backoff) brings the same messages again.
+          guard isCurrent(cycleGeneration) else { return }
+          await backOffAfterStoreFailure()
+          continue
+        }
         guard isCurrent(cycleGeneration) else { return }
         if !answer.rejected.isEmpty && cursors == cursorsBefore {
           // Only messages that cannot be relayed and have no id to move past: the upstream will answer the same
@@ -307,8 +328,9 @@ public actor UpstreamWorker {
     }
   }
 
-  /// Applies a (re)start's findings: attached and detached streams, first cursors, backlog bounds.
-  private func apply(_ preparation: UpstreamPreparation) {
+  /// Applies a (re)start's findings: attached and detached streams, first cursors, backlog bounds. Returns the
+  /// `stream-attached` / `stream-detached` notices to publish.
+  private func apply(_ preparation: UpstreamPreparation) -> [FeedEvent] {
     let previous = streams
     let next = preparation.streams
     var notices: [FeedEvent] = []
@@ -356,14 +378,19 @@ public actor UpstreamWorker {
     streams = next
     hadSession = true
     restored = false
-    if !notices.isEmpty { _ = feed.assumeIsolated { $0.publish(notices) } }
     updateLiveness()
+    return notices
   }
 
   /// Publishes an answer's new messages, slice by slice across loop turns, advancing each stream's cursor once
   /// a slice is in the feed. Poison messages (no usable content) are skipped, but with an id they still move the
-  /// cursor, so the upstream does not send them forever. Returns whether the upstream's ids went backwards.
-  private func relay(_ answer: UpstreamPollAnswer, _ cycleGeneration: Int) async -> Bool {
+  /// cursor, so the upstream does not send them forever. Returns whether the upstream's ids went backwards, or nil
+  /// when the store refused a slice (the cursors then stay where that slice started).
+  private func relay(_ answer: UpstreamPollAnswer, _ cycleGeneration: Int) async -> Bool? {
+    // One relay at a time: a restarted cycle decides what is new only once the old cycle's commit moved the
+    // cursors (with a durable store, a commit is awaited).
+    await storeGate.acquire()
+    defer { storeGate.release() }
     var skipped: [String: UInt64] = [:]
     for rejection in answer.rejected {
       statistics.rejectedMessages += 1
@@ -414,20 +441,72 @@ public actor UpstreamWorker {
         guard isCurrent(cycleGeneration) else { return wentBackwards }
       }
       let slice = pending[start..<min(pending.count, start + max(1, settings.publishSlice))]
-      publish(slice.map { envelope($0.message, stream: $0.stream) })
+      var next = cursors
+      for (stream, message) in slice { next[stream] = message.id }
+      // The slice and the cursors after it are stored together before anyone sees the slice.
+      guard await commit(slice.map { envelope($0.message, stream: $0.stream) }, cursors: next) else { return nil }
       statistics.messagesRelayed += slice.count
       // Only now that the messages are in the feed do the cursors move.
-      for (stream, message) in slice {
-        cursors[stream] = message.id
-        recent[stream, default: RecentIDs()].insert(message.id)
-      }
+      cursors = next
+      for (stream, message) in slice { recent[stream, default: RecentIDs()].insert(message.id) }
       start += slice.count
+      guard isCurrent(cycleGeneration) else { return wentBackwards }
     }
-    for (stream, id) in skipped where id > cursors[stream] ?? 0 { cursors[stream] = id }
-    for (stream, id) in rewound { cursors[stream] = id }
+    var next = cursors
+    for (stream, id) in skipped where id > next[stream] ?? 0 { next[stream] = id }
+    for (stream, id) in rewound { next[stream] = id }
+    if next != cursors {
+      guard await commit([], cursors: next) else { return nil }
+      cursors = next
+    }
     updateLiveness()
     return wentBackwards
   }
+
+  /// Publishes `events` with the position `cursors` describes: through the store when it is durable (committed
+  /// first, then shown), directly otherwise. False when the store refused it (counted, logged, backed off).
+  private func commit(_ events: [FeedEvent], cursors next: [String: UInt64]) async -> Bool {
+    guard feed.store.isDurable else {
+      if !events.isEmpty { publish(events) }
+      return true
+    }
+    do throws(StoreError) {
+      try await feed.publish(events, position: FeedPosition(streams: streams, cursors: next))
+      storeFailing = nil
+      return true
+    } catch {
+      statistics.storeFailures += 1
+      storeFailing = error.description
+      logger.limited(
+        .error, "store cannot commit a batch: not relayed, retried after a backoff",
+        metadata: ["error": error.description], limiter: &logLimiter)
+      return false
+    }
+  }
+
+  /// Stores the notices of a (re)start with the position it set. False (after a backoff) when the store refused.
+  private func store(_ notices: [FeedEvent], _ cycleGeneration: Int) async -> Bool {
+    await storeGate.acquire()
+    let stored = await commit(notices, cursors: cursors)
+    storeGate.release()
+    if stored { return true }
+    await backOffAfterStoreFailure()
+    return false
+  }
+
+  /// Waits like after a failed poll (the store may be full or failing), then the cycle polls again from the
+  /// cursors it still has.
+  private func backOffAfterStoreFailure() async {
+    let delay = backoff.nextDelay(using: &random)
+    statistics.backoffAttempt = backoff.attempt
+    statistics.nextRetryDelay = delay
+    setState(.backoff, extra: ["reason": "store", "delay_ms": String(Int(delay * 1000))])
+    try? await Task.sleep(for: .milliseconds(Int(delay * 1000)))
+  }
+
+  private let storeGate = AsyncGate()
+  /// The last store error, while commits fail (`/readyz` says so).
+  private var storeFailing: String?
 
   /// The `message` event for one upstream message: its stream, id, backlog mark and the message verbatim.
   private func envelope(_ message: UpstreamMessage, stream: String) -> FeedEvent {
@@ -444,7 +523,7 @@ public actor UpstreamWorker {
       data: JSONText.object([
         "stream": JSONText.quoted(stream), "upstream_id": JSONText.quoted(String(message.id)),
         "backlog": backlog ? "true" : "false", "message": message.raw,
-      ]))
+      ]), upstreamID: message.id)
   }
 
   /// The feed shares this worker's loop: publishing is a plain call, no hop.
@@ -504,6 +583,7 @@ public actor UpstreamWorker {
   /// the poll now hanging started, within the window (a long-poll that is simply waiting is healthy).
   public func readiness() -> (ready: Bool, reason: String) {
     if state == .idle { return (true, "idle: no subscribers") }
+    if let storeFailing { return (false, "store failing: \(storeFailing)") }
     guard adapter.hasSession else { return (false, "no upstream session") }
     guard state != .backoff else { return (false, "upstream failing: backing off (attempt \(backoff.attempt))") }
     let inFlightSince = statistics.pollsInFlight > 0 ? statistics.pollStarted : nil
@@ -532,6 +612,8 @@ public struct UpstreamStatistics: Sendable {
   public var rejectedMessages = 0
   public var repairedMessages = 0
   public var cursorRewinds = 0
+  /// Batches (or positions) the store refused: relayed again once it accepts them.
+  public var storeFailures = 0
   public var backoffAttempt = 0
   public var nextRetryDelay = 0.0
   public var lastPollCompleted: Double?
@@ -609,5 +691,28 @@ struct CursorDecision: Equatable {
       last = id
     }
     return CursorDecision(backwards: backwards, fresh: fresh)
+  }
+}
+
+/// A FIFO lock for async code on one actor: `acquire` suspends while another holder has it.
+final class AsyncGate {
+  private var held = false
+  private var waiters: [CheckedContinuation<Void, Never>] = []
+
+  func acquire(isolation: isolated (any Actor)? = #isolation) async {
+    guard held else {
+      held = true
+      return
+    }
+    await withCheckedContinuation { waiters.append($0) }
+  }
+
+  /// Hands the gate to the first waiter, or opens it.
+  func release() {
+    if waiters.isEmpty {
+      held = false
+    } else {
+      waiters.removeFirst().resume()
+    }
   }
 }

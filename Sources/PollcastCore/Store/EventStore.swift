@@ -1,0 +1,153 @@
+import Foundation
+
+/// Where a feed's events, ids and upstream cursors live: the one seam between the feed and its storage.
+///
+/// The feed keeps its replay ring in memory in every case (fan-out and replay read only memory, so no store call
+/// ever runs on the loop while clients wait). A store adds what survives a restart: every batch the feed
+/// publishes is committed, with the upstream position that produced it, in one atomic step *before* any
+/// subscriber sees it, and the feed is rebuilt from `load` at the next start.
+///
+/// - `MemoryEventStore`: nothing survives (the default); commits complete at once.
+/// - `SQLiteEventStore`: one SQLite file in WAL mode, written by its own thread.
+public protocol EventStore: AnyObject, Sendable {
+  /// `memory`, `sqlite`: for logs and metrics.
+  var kind: String { get }
+  /// Whether `commit` does any work: the feed skips the round trip for a store that keeps nothing.
+  var isDurable: Bool { get }
+  /// What is stored for `feed`, nil when nothing is. Called before the feed serves anyone.
+  func load(feed: String) throws(StoreError) -> StoredFeed?
+  /// Commits `batch` atomically and calls `completion` (on any thread) once it is durable, or with the error that
+  /// left the store as it was before the batch. Batches are committed in the order they are given.
+  func commit(_ batch: StoreBatch, completion: @escaping @Sendable (Result<Void, StoreError>) -> Void)
+  /// Counters for `/metrics`.
+  func statistics() -> StoreStatistics
+  /// Waits for the commits already given and closes the store. Later commits fail.
+  func close()
+}
+
+/// Where the upstream loop stands: the streams it polls and the cursor of each (the newest upstream id whose
+/// message is stored). Restored at start, so polling goes on from there.
+public struct FeedPosition: Sendable, Equatable {
+  public var streams: [String]
+  public var cursors: [String: UInt64]
+
+  public init(streams: [String], cursors: [String: UInt64]) {
+    self.streams = streams
+    self.cursors = cursors
+  }
+}
+
+/// One event as stored: its SSE id, its stream and upstream id (to tell resends after a restart), when it was
+/// published (Unix seconds, for the age bound) and its encoded SSE bytes.
+public struct StoredEvent: Sendable {
+  public var id: UInt64
+  public var stream: String?
+  public var upstreamID: UInt64?
+  public var unixTime: Double
+  public var bytes: ByteSlice
+
+  public init(id: UInt64, stream: String?, upstreamID: UInt64?, unixTime: Double, bytes: ByteSlice) {
+    self.id = id
+    self.stream = stream
+    self.upstreamID = upstreamID
+    self.unixTime = unixTime
+    self.bytes = bytes
+  }
+}
+
+/// What one atomic commit writes.
+public struct StoreBatch: Sendable {
+  public var feed: String
+  public var events: [StoredEvent]
+  /// The upstream position after these events (nil: unchanged).
+  public var position: FeedPosition?
+  /// The highest id handed out so far: the next start hands out ids above it.
+  public var headID: UInt64
+  /// Every event at or below this id was evicted from the ring: the store drops them too.
+  public var floorID: UInt64
+  /// Streams whose events the ring dropped (a detached stream must not be replayed).
+  public var forgetStreams: [String]
+
+  public init(
+    feed: String, events: [StoredEvent], position: FeedPosition?, headID: UInt64, floorID: UInt64,
+    forgetStreams: [String] = []
+  ) {
+    self.feed = feed
+    self.events = events
+    self.position = position
+    self.headID = headID
+    self.floorID = floorID
+    self.forgetStreams = forgetStreams
+  }
+}
+
+/// A feed as it was stored: the id high-water mark, the eviction floor, the retained events (ascending ids) and
+/// the upstream position.
+public struct StoredFeed: Sendable {
+  public var headID: UInt64
+  public var floorID: UInt64
+  public var events: [StoredEvent]
+  public var position: FeedPosition?
+
+  public init(headID: UInt64, floorID: UInt64, events: [StoredEvent], position: FeedPosition?) {
+    self.headID = headID
+    self.floorID = floorID
+    self.events = events
+    self.position = position
+  }
+}
+
+public struct StoreStatistics: Sendable {
+  public var kind = "memory"
+  public var commits = 0
+  public var commitFailures = 0
+  public var eventsWritten = 0
+  public var bytesWritten = 0
+  public var eventsTrimmed = 0
+  public var checkpoints = 0
+  /// Seconds from handing a batch to the writer until it is durable (queueing included).
+  public var commitSeconds = Histogram(bounds: [0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1])
+  /// Bytes of the database and WAL files at the last checkpoint.
+  public var fileBytes = 0
+  public var walBytes = 0
+
+  public init(kind: String = "memory") { self.kind = kind }
+}
+
+/// A store that cannot be opened, read or written.
+public struct StoreError: Error, CustomStringConvertible, Sendable, Equatable {
+  public enum Kind: String, Sendable {
+    /// The file is not a Pollcast store, or SQLite found it damaged.
+    case corrupt
+    /// It cannot be opened or read (permissions, missing directory, another process holds it).
+    case unavailable
+    /// A write failed (disk full, I/O error): the batch was not committed.
+    case write
+    case closed
+  }
+
+  public var kind: Kind
+  public var path: String
+  public var message: String
+
+  public init(_ kind: Kind, path: String, _ message: String) {
+    self.kind = kind
+    self.path = path
+    self.message = message
+  }
+
+  public var description: String { "store \(path): \(message)" }
+}
+
+/// `store.kind = memory`: nothing survives a restart. Commits complete at once, so the feed skips them.
+public final class MemoryEventStore: EventStore {
+  public init() {}
+  public var kind: String { "memory" }
+  public var isDurable: Bool { false }
+  public func load(feed: String) throws(StoreError) -> StoredFeed? { nil }
+  public func commit(_ batch: StoreBatch, completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
+    completion(.success(()))
+  }
+  public func statistics() -> StoreStatistics { StoreStatistics(kind: "memory") }
+  public func close() {}
+}

@@ -2,7 +2,8 @@
 public enum Metrics {
   public static func render(
     _ stats: FeedStatistics, upstream: UpstreamStatistics? = nil, loopLag: (last: Double, max: Double)? = nil,
-    protection: SSEServer.ProtectionCounters? = nil, accounts: AccountHub.Statistics? = nil
+    protection: SSEServer.ProtectionCounters? = nil, accounts: AccountHub.Statistics? = nil,
+    store: StoreStatistics? = nil
   ) -> String {
     var stats = stats
     if let accounts { stats.absorb(accounts.feeds) }
@@ -13,6 +14,15 @@ public enum Metrics {
     }
     func one(_ name: String, _ type: String, _ help: String, _ value: some BinaryInteger) {
       metric(name, type, help, [("", String(value))])
+    }
+    func histogram(_ name: String, _ help: String, _ histogram: Histogram) {
+      out += "# HELP \(name) \(help)\n# TYPE \(name) histogram\n"
+      for (index, bound) in histogram.bounds.enumerated() {
+        out += "\(name)_bucket{le=\"\(bound)\"} \(histogram.counts[index])\n"
+      }
+      out += "\(name)_bucket{le=\"+Inf\"} \(histogram.count)\n"
+      out += "\(name)_sum \(histogram.sum)\n"
+      out += "\(name)_count \(histogram.count)\n"
     }
     one("pollcast_subscribers_connected", "gauge", "SSE subscribers connected now.", stats.subscribersConnected)
     one("pollcast_subscribers_total", "counter", "SSE subscribers accepted since start.", stats.subscribersTotal)
@@ -134,6 +144,29 @@ public enum Metrics {
         "pollcast_account_max_polls_in_flight", "gauge", "Most polls one account had in flight at once (1).",
         accounts.maxPollsInFlightPerAccount)
     }
+    if let store {
+      metric(
+        "pollcast_store_kind", "gauge", "1 for the store the ring, ids and cursors live in (store.kind).",
+        [("{kind=\(JSONText.quoted(store.kind))}", "1")])
+      one("pollcast_store_commits_total", "counter", "Batches committed (events with their cursors).", store.commits)
+      one(
+        "pollcast_store_commit_failures_total", "counter",
+        "Commits the store refused: nothing of them was shown; the upstream loop retries after a backoff.",
+        store.commitFailures)
+      one("pollcast_store_events_written_total", "counter", "Events written to the store.", store.eventsWritten)
+      one(
+        "pollcast_store_bytes_written_total", "counter", "Encoded event bytes written to the store.", store.bytesWritten
+      )
+      one(
+        "pollcast_store_events_trimmed_total", "counter",
+        "Stored events deleted because the ring evicted them (count, bytes, age, detached stream).", store.eventsTrimmed
+      )
+      one("pollcast_store_file_bytes", "gauge", "Size of the store's database file.", store.fileBytes)
+      one("pollcast_store_wal_bytes", "gauge", "Size of the store's write-ahead log.", store.walBytes)
+      histogram(
+        "pollcast_store_commit_seconds", "From handing a batch to the store's writer until it is durable.",
+        store.commitSeconds)
+    }
     guard let upstream else { return out }
     metric(
       "pollcast_upstream_polls_total", "counter", "Upstream polls by outcome.",
@@ -166,6 +199,9 @@ public enum Metrics {
       "pollcast_upstream_repaired_messages_total", "counter",
       "Messages whose invalid UTF-8 was replaced by U+FFFD, relayed and logged.", upstream.repairedMessages)
     one(
+      "pollcast_upstream_store_failures_total", "counter",
+      "Batches or positions the store refused (relayed once it accepts them).", upstream.storeFailures)
+    one(
       "pollcast_upstream_cursor_rewinds_total", "counter",
       "Times the upstream's ids went backwards (or its latest fell below the cursor) and the relay followed it.",
       upstream.cursorRewinds)
@@ -181,15 +217,8 @@ public enum Metrics {
     metric(
       "pollcast_upstream_state", "gauge", "1 for the worker's current state.",
       UpstreamWorker.State.allCases.map { ("{state=\"\($0.rawValue)\"}", upstream.state == $0.rawValue ? "1" : "0") })
-    let histogram = upstream.pollDurations
-    out += "# HELP pollcast_upstream_poll_duration_seconds Duration of completed upstream polls.\n"
-    out += "# TYPE pollcast_upstream_poll_duration_seconds histogram\n"
-    for (index, bound) in histogram.bounds.enumerated() {
-      out += "pollcast_upstream_poll_duration_seconds_bucket{le=\"\(bound)\"} \(histogram.counts[index])\n"
-    }
-    out += "pollcast_upstream_poll_duration_seconds_bucket{le=\"+Inf\"} \(histogram.count)\n"
-    out += "pollcast_upstream_poll_duration_seconds_sum \(histogram.sum)\n"
-    out += "pollcast_upstream_poll_duration_seconds_count \(histogram.count)\n"
+    histogram(
+      "pollcast_upstream_poll_duration_seconds", "Duration of completed upstream polls.", upstream.pollDurations)
     return out
   }
 }

@@ -63,7 +63,8 @@ public final class Relay: Sendable {
     let restored = try store.load(feed: "shared")
     var ids = ids
     if let restored, ids.head < restored.headID {
-      ids = EventIDAllocator(persistedAtLeast: restored.headID)
+      // Above the stored head even when the clock went backwards: ids are never reused.
+      ids = EventIDAllocator(startMicroseconds: ids.head + 1, persistedAtLeast: restored.headID)
     }
     if let restored {
       logger.info(
@@ -117,7 +118,7 @@ public final class Relay: Sendable {
           200, "text/plain; version=0.0.4; charset=utf-8",
           Metrics.render(
             stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag), protection: protection,
-            accounts: accounts)
+            accounts: accounts, store: feed.store.statistics())
         )
       })
     let address: String

@@ -1,0 +1,164 @@
+import CSQLite
+import Foundation
+import Testing
+
+@testable import PollcastCore
+
+/// The SQLite store on its own: what a commit writes is what a later open loads, trims follow the ring's floor,
+/// and a damaged, foreign or busy file is a clear error (never an empty start).
+@Suite struct SQLiteEventStoreTests {
+  let directory: URL
+
+  init() throws {
+    directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-store-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+  }
+
+  var path: String { directory.appendingPathComponent("pollcast.db").path }
+
+  private func event(_ id: UInt64, stream: String? = "101", upstream: UInt64? = nil) -> StoredEvent {
+    let bytes = SSEEncoder.event(id: id, type: nil, data: "{\"n\":\(id)}")
+    return StoredEvent(id: id, stream: stream, upstreamID: upstream, unixTime: 1_000, bytes: ByteSlice(bytes))
+  }
+
+  private func commit(_ store: SQLiteEventStore, _ batch: StoreBatch) throws {
+    let done = Locked<Result<Void, StoreError>?>(nil)
+    let semaphore = DispatchSemaphore(value: 0)
+    store.commit(batch) { result in
+      done.withLock { $0 = result }
+      semaphore.signal()
+    }
+    semaphore.wait()
+    try done.withLock { $0! }.get()
+  }
+
+  @Test func aCommitIsLoadedBackWithItsCursorsAndHead() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    do {
+      let store = try SQLiteEventStore.open(path: path)
+      #expect(try store.load(feed: "shared") == nil)
+      let position = FeedPosition(streams: ["101", "202"], cursors: ["101": 7, "202": UInt64.max])
+      try commit(
+        store,
+        StoreBatch(
+          feed: "shared", events: [event(10, upstream: 6), event(11, upstream: 7), event(12, stream: nil)],
+          position: position, headID: 12, floorID: 9))
+      store.close()
+    }
+    let store = try SQLiteEventStore.open(path: path)
+    defer { store.close() }
+    let loaded = try #require(try store.load(feed: "shared"))
+    #expect(loaded.headID == 12)
+    #expect(loaded.floorID == 9)
+    #expect(loaded.events.map(\.id) == [10, 11, 12])
+    #expect(loaded.events.map(\.upstreamID) == [6, 7, nil])
+    #expect(loaded.events.map(\.stream) == ["101", "101", nil])
+    #expect(loaded.position == FeedPosition(streams: ["101", "202"], cursors: ["101": 7, "202": UInt64.max]))
+    let bytes = loaded.events[0].bytes
+    #expect(
+      Array(UnsafeRawBufferPointer(start: bytes.block.base + bytes.offset, count: bytes.count))
+        == SSEEncoder.event(id: 10, type: nil, data: "{\"n\":10}"))
+    #expect(try store.load(feed: "other") == nil)
+  }
+
+  @Test func theFloorAndForgottenStreamsTrimTheFileAndTheHeadNeverGoesDown() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let store = try SQLiteEventStore.open(path: path)
+    defer { store.close() }
+    try commit(
+      store,
+      StoreBatch(
+        feed: "shared", events: (1...100).map { event($0, stream: $0 % 2 == 0 ? "a" : "b") }, position: nil,
+        headID: 100, floorID: 0))
+    try commit(
+      store, StoreBatch(feed: "shared", events: [], position: nil, headID: 50, floorID: 60, forgetStreams: ["a"]))
+    let loaded = try #require(try store.load(feed: "shared"))
+    #expect(loaded.headID == 100)
+    #expect(loaded.floorID == 60)
+    #expect(loaded.events.map(\.id) == Array(stride(from: UInt64(61), through: 99, by: 2)))
+    #expect(store.statistics().eventsTrimmed == 80)
+    #expect(store.statistics().commits == 2)
+  }
+
+  @Test func aFileThatIsNotAStoreIsCorruptAndLeftAlone() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    #expect(FileManager.default.createFile(atPath: path, contents: Data("not a database at all\n".utf8)))
+    #expect(throws: StoreError.self) { _ = try SQLiteEventStore.open(path: path) }
+    do {
+      _ = try SQLiteEventStore.open(path: path)
+    } catch {
+      #expect(error.kind == .corrupt)
+      #expect(error.description.contains(path))
+    }
+    #expect(try String(contentsOfFile: path, encoding: .utf8) == "not a database at all\n")
+  }
+
+  @Test func anotherApplicationsDatabaseIsRefused() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    var db: OpaquePointer?
+    #expect(sqlite3_open(path, &db) == SQLITE_OK)
+    #expect(sqlite3_exec(db, "CREATE TABLE users(id INTEGER)", nil, nil, nil) == SQLITE_OK)
+    sqlite3_close(db)
+    do {
+      _ = try SQLiteEventStore.open(path: path)
+      Issue.record("a foreign database was opened")
+    } catch {
+      #expect(error.kind == .corrupt)
+      #expect(error.message.contains("not a Pollcast store"))
+    }
+  }
+
+  @Test func aDamagedStoreIsCorruptAndResetOnlyWhenAsked() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    do {
+      let store = try SQLiteEventStore.open(path: path)
+      try commit(
+        store,
+        StoreBatch(feed: "shared", events: (1...300).map { event($0) }, position: nil, headID: 300, floorID: 0))
+      store.close()
+    }
+    // Overwrite a page in the middle of the file (the events' b-tree).
+    let handle = try #require(FileHandle(forUpdatingAtPath: path))
+    try handle.seek(toOffset: 4096 * 2)
+    try handle.write(contentsOf: Data(repeating: 0xA5, count: 4096 * 2))
+    try handle.close()
+    do {
+      _ = try SQLiteEventStore.open(path: path)
+      Issue.record("a damaged store was opened")
+    } catch {
+      #expect(error.kind == .corrupt)
+    }
+    let store = try SQLiteEventStore.open(path: path, resetIfCorrupt: true)
+    defer { store.close() }
+    #expect(try store.load(feed: "shared") == nil)
+    let moved = try FileManager.default.contentsOfDirectory(atPath: directory.path).filter {
+      $0.hasPrefix("pollcast.db.corrupt-")
+    }
+    #expect(moved.count == 1, "the damaged file is kept aside: \(moved)")
+  }
+
+  @Test func aSecondOpenOfTheSameFileIsRefusedWhileTheFirstHoldsIt() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let first = try SQLiteEventStore.open(path: path)
+    do {
+      _ = try SQLiteEventStore.open(path: path)
+      Issue.record("two stores opened one file")
+    } catch {
+      #expect(error.kind == .unavailable)
+      #expect(error.message.contains("another process"))
+    }
+    first.close()
+    let again = try SQLiteEventStore.open(path: path)
+    again.close()
+  }
+
+  @Test func aCommitAfterCloseFailsAndChangesNothing() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let store = try SQLiteEventStore.open(path: path)
+    store.close()
+    #expect(throws: StoreError.self) {
+      try commit(store, StoreBatch(feed: "shared", events: [event(1)], position: nil, headID: 1, floorID: 0))
+    }
+    #expect(store.statistics().commitFailures == 1)
+  }
+}

@@ -1,0 +1,291 @@
+import Foundation
+import LegacyFixture
+import PollcastCore
+import Testing
+
+/// `store.kind = sqlite` (DESIGN, "Where events live"): nothing lost and nothing repeated across restarts and
+/// `kill -9`, with the real fixture, the real relay binary and real clients over loopback.
+@Suite(.serialized, .timeLimit(.minutes(10))) struct DurableStoreTests {
+  /// The relay binary on a store file, its port read from its first line, its log kept for failures.
+  final class RelayProcess {
+    let process = Process()
+    let port: Int
+
+    init(fixture: String, store: String, log: URL, extra: [String] = []) throws {
+      process.executableURL = URL(fileURLWithPath: builtProduct("pollcast"))
+      process.arguments =
+        [
+          "--listen", "127.0.0.1:0", "--upstream-url", "http://\(fixture)", "--upstream-api-key", "dev-key",
+          "--store-kind", "sqlite", "--store-path", store, "--upstream-poll-timeout-seconds", "2",
+          "--upstream-backoff-base-seconds", "0.05", "--upstream-backoff-cap-seconds", "0.2", "--log-level", "warning",
+        ] + extra
+      let out = Pipe()
+      process.standardOutput = out
+      let handle = try FileHandle(forWritingTo: log)
+      handle.seekToEndOfFile()
+      process.standardError = handle
+      try process.run()
+      guard let port = listeningPort(of: out, timeout: 30 * timingFactor) else {
+        process.terminate()
+        throw TestSSEClient.Failure(description: "the relay did not start")
+      }
+      self.port = port
+    }
+
+    func kill9() {
+      kill(process.processIdentifier, SIGKILL)
+      process.waitUntilExit()
+    }
+
+    deinit { if process.isRunning { kill9() } }
+  }
+
+  /// One subscriber across reconnections: everything it received, and the last id to resume from.
+  final class Reader {
+    var lastID: String?
+    var messages: [(sseID: UInt64, upstreamID: UInt64)] = []
+    var resets = 0
+    var client: TestSSEClient?
+    private var seen = 0
+
+    func connect(port: Int) throws {
+      client = try TestSSEClient(port: port, headers: lastID.map { [("Last-Event-ID", $0)] } ?? [])
+      seen = 0
+    }
+
+    /// Takes the complete events that arrived (a half-received event at a kill is not one).
+    func collect() {
+      guard let client else { return }
+      let events = client.events
+      for event in events[seen...] {
+        if event.type == "reset" { resets += 1 }
+        if event.hadID && !event.lastEventID.isEmpty { lastID = event.lastEventID }
+        guard event.type == "message", event.hadID, let sseID = UInt64(event.lastEventID),
+          let json = try? RawJSON.parse(event.data), let upstreamID = json["upstream_id"]?.unsignedID
+        else { continue }
+        messages.append((sseID, upstreamID))
+      }
+      seen = events.count
+    }
+
+    func pump(for seconds: Double) {
+      let deadline = MonotonicClock.seconds() + seconds
+      while MonotonicClock.seconds() < deadline, let client, !client.isEOF {
+        _ = try? client.pump(timeout: 0.01)
+        collect()
+      }
+    }
+  }
+
+  static func waitReady(port: Int, timeout: Double) async throws {
+    let deadline = MonotonicClock.seconds() + timeout
+    while MonotonicClock.seconds() < deadline {
+      if let answer = try? httpGet(port: port, "/readyz"), answer.status == 200 { return }
+      try await Task.sleep(for: .milliseconds(20))
+    }
+    throw TestSSEClient.Failure(description: "the relay did not become ready")
+  }
+
+  /// The issue's crash test: the fixture takes a steady stream of messages while the relay is `kill -9`ed at
+  /// random moments 20 times and restarted on the same file; three subscribers reconnect with their last id each
+  /// time. At the end each holds every message the fixture accepted, exactly once, in order, ids increasing.
+  @Test func twentyKillNinesLoseAndRepeatNothing() async throws {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-crash-\(UUID())")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let store = directory.appendingPathComponent("pollcast.db").path
+    let log = directory.appendingPathComponent("relay.log")
+    #expect(FileManager.default.createFile(atPath: log.path, contents: nil))
+    func relayLog() -> String { String((try? String(contentsOf: log, encoding: .utf8))?.suffix(4000) ?? "") }
+
+    var options = LegacyFixture.Options()
+    options.linkedUserID = nil
+    let fixture = try await LegacyFixture.start(options)
+    var relay = try RelayProcess(fixture: fixture.address, store: store, log: log)
+    try await Self.waitReady(port: relay.port, timeout: 20 * timingFactor)
+    let readers = (0..<3).map { _ in Reader() }
+    for reader in readers { try reader.connect(port: relay.port) }
+    for reader in readers { reader.pump(for: 0.05) }
+
+    // The steady stream: one message every 2-4 ms, recorded as the fixture accepts it.
+    let accepted = Locked<[UInt64]>([])
+    let publishing = Locked(true)
+    let publisher = Task.detached {
+      var counter = 0
+      while publishing.withLock({ $0 }) {
+        counter += 1
+        let ids = await fixture.append(user: "101", texts: ["m\(counter)"])
+        accepted.withLock { $0 += ids }
+        try? await Task.sleep(for: .milliseconds(Int.random(in: 2...4)))
+      }
+    }
+
+    var kills = 0
+    var random = SystemRandomNumberGenerator()
+    for _ in 0..<20 {
+      for reader in readers { try reader.connect(port: relay.port) }
+      // Read for a random while, then kill: commits are in flight most of the time at this rate.
+      let until = MonotonicClock.seconds() + Double.random(in: 0.15...0.6, using: &random) * timingFactor
+      while MonotonicClock.seconds() < until {
+        for reader in readers { reader.pump(for: 0.01) }
+      }
+      relay.kill9()
+      kills += 1
+      for reader in readers { reader.pump(for: 1) }
+      relay = try RelayProcess(fixture: fixture.address, store: store, log: log)
+    }
+    publishing.withLock { $0 = false }
+    await publisher.value
+    let expected = accepted.withLock { $0 }
+    for reader in readers { try reader.connect(port: relay.port) }
+    let deadline = MonotonicClock.seconds() + 30 * timingFactor
+    while MonotonicClock.seconds() < deadline
+      && readers.contains(where: { ($0.messages.last?.upstreamID ?? 0) < (expected.last ?? 0) })
+    {
+      for reader in readers { reader.pump(for: 0.05) }
+    }
+    // Anything extra (a duplicate after the last message) would arrive within this.
+    for reader in readers { reader.pump(for: 0.3) }
+    relay.kill9()
+    await fixture.shutdown()
+
+    print(
+      "crash test: \(kills) kill -9, \(expected.count) messages accepted by the fixture; received per subscriber: "
+        + readers.map { String($0.messages.count) }.joined(separator: ", "))
+    #expect(kills >= 20)
+    #expect(expected.count > 200, "the fixture took a steady stream")
+    for (index, reader) in readers.enumerated() {
+      let upstreamIDs = reader.messages.map(\.upstreamID)
+      let sseIDs = reader.messages.map(\.sseID)
+      #expect(reader.resets == 0, "subscriber \(index) got a reset")
+      #expect(upstreamIDs.count == expected.count, "subscriber \(index): count")
+      #expect(upstreamIDs == expected, "subscriber \(index): every message exactly once, in order")
+      #expect(zip(sseIDs, sseIDs.dropFirst()).allSatisfy { $0 < $1 }, "subscriber \(index): ids increase")
+      if upstreamIDs != expected {
+        let missing = Set(expected).subtracting(upstreamIDs).sorted().prefix(10)
+        Issue.record("subscriber \(index): missing \(Array(missing)); relay log: \(relayLog())")
+      }
+    }
+  }
+
+  /// A graceful restart on the same file: the ids go on above the stored head even when the clock went backwards,
+  /// the upstream loop polls on from the stored cursor (what arrived meanwhile is relayed live), and a client
+  /// resuming from before the restart gets exactly what it missed.
+  @Test func aRestartResumesFromTheStoredIdsAndCursors() async throws {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-restart-\(UUID())")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let path = directory.appendingPathComponent("pollcast.db").path
+    var options = LegacyFixture.Options()
+    options.linkedUserID = nil
+    let fixture = try await LegacyFixture.start(options)
+    let logger = Logger(label: "test", level: .critical)
+    func startRelay(clock: UInt64) async throws -> Relay {
+      let store = try SQLiteEventStore.open(path: path)
+      let adapter = ChatAdapter(
+        baseURL: "http://\(fixture.address)", holdSeconds: 1, marginSeconds: 1, requestTimeout: 3)
+      return try await Relay.start(
+        server: ServerSettings(host: "127.0.0.1", port: 0), feed: FeedSettings(heartbeatInterval: 5), logger: logger,
+        ids: EventIDAllocator(startMicroseconds: clock), store: store,
+        upstream: .init(adapter: adapter, settings: UpstreamHarness.fastSettings(), apiKey: "dev-key", seed: 1))
+    }
+
+    var relay = try await startRelay(clock: 5_000_000)
+    try await Self.waitReady(port: relay.port, timeout: 10)
+    let live = try TestSSEClient(port: relay.port)
+    try live.waitForHead()
+    _ = await fixture.append(user: "101", texts: ["a", "b", "c"])
+    try live.waitUntil(timeout: 10, "three messages") { $0.relayedMessages.count == 3 }
+    let ids = live.messageIDs
+    #expect(ids == [5_000_000, 5_000_001, 5_000_002])
+    await relay.shutdown(deadline: 2)
+
+    _ = await fixture.append(user: "101", texts: ["d", "e"])
+    // The clock went backwards across the restart: the ids still go on above the stored head.
+    relay = try await startRelay(clock: 1_000)
+    let resumed = try TestSSEClient(port: relay.port, headers: [("Last-Event-ID", String(ids[0]))])
+    try resumed.waitUntil(timeout: 10, "b to e") { $0.relayedMessages.count == 4 }
+    #expect(resumed.relayedMessages.map(\.text) == ["b", "c", "d", "e"])
+    #expect(resumed.relayedMessages.map(\.backlog) == [false, false, false, false])
+    #expect(resumed.messageIDs == [5_000_001, 5_000_002, 5_000_003, 5_000_004])
+    #expect(resumed.events(ofType: "reset").isEmpty)
+    // A resend of the last page after the restart is recognised as one (the stored upstream ids count as
+    // relayed lately), and an id from before the restart outside the ring's floor is too old, as before.
+    _ = await fixture.append(user: "101", texts: ["f"])
+    try resumed.waitUntil(timeout: 10, "f") { $0.relayedMessages.count == 5 }
+    #expect(resumed.messageIDs.last == 5_000_005)
+    await relay.shutdown(deadline: 2)
+    await fixture.shutdown()
+  }
+
+  /// A store that refuses commits while told to: through the seam, the feed shows nothing it could not store,
+  /// `/readyz` says why, and once the store accepts again every message arrives exactly once, in order.
+  @Test func aFailingStoreShowsNothingAndLosesNothing() async throws {
+    var options = LegacyFixture.Options()
+    options.linkedUserID = nil
+    let fixture = try await LegacyFixture.start(options)
+    let store = FlakyStore()
+    let adapter = ChatAdapter(baseURL: "http://\(fixture.address)", holdSeconds: 1, marginSeconds: 1, requestTimeout: 3)
+    let relay = try await Relay.start(
+      server: ServerSettings(host: "127.0.0.1", port: 0), feed: FeedSettings(heartbeatInterval: 5),
+      logger: Logger(label: "test", level: .critical), store: store,
+      upstream: .init(adapter: adapter, settings: UpstreamHarness.fastSettings(), apiKey: "dev-key", seed: 1))
+    try await Self.waitReady(port: relay.port, timeout: 10)
+    let client = try TestSSEClient(port: relay.port)
+    try client.waitForHead()
+    _ = await fixture.append(user: "101", texts: ["a"])
+    try client.waitUntil(timeout: 10, "a") { $0.relayedMessages.count == 1 }
+
+    store.failing.withLock { $0 = true }
+    _ = await fixture.append(user: "101", texts: ["b", "c"])
+    let deadline = MonotonicClock.seconds() + 10
+    while store.refused.withLock({ $0 }) < 2 && MonotonicClock.seconds() < deadline {
+      try await Task.sleep(for: .milliseconds(20))
+    }
+    #expect(store.refused.withLock { $0 } >= 2, "the worker retried the refused batch")
+    _ = try client.pump(timeout: 0.2)
+    #expect(client.relayedMessages.map(\.text) == ["a"], "nothing the store refused is shown")
+    let ready = try httpGet(port: relay.port, "/readyz")
+    #expect(ready.status == 503)
+    #expect(ready.body.contains("store failing"))
+    let idsBefore = client.messageIDs
+
+    store.failing.withLock { $0 = false }
+    _ = await fixture.append(user: "101", texts: ["d"])
+    try client.waitUntil(timeout: 10, "b, c, d") { $0.relayedMessages.count == 4 }
+    #expect(client.relayedMessages.map(\.text) == ["a", "b", "c", "d"])
+    #expect(client.messageIDs == (0..<4).map { idsBefore[0] + UInt64($0) }, "refused ids were handed back")
+    try await Task.sleep(for: .milliseconds(300))
+    #expect(try httpGet(port: relay.port, "/readyz").status == 200)
+    let metrics = try httpGet(port: relay.port, "/metrics").body
+    #expect(metrics.contains("pollcast_store_commit_failures_total "))
+    await relay.shutdown(deadline: 2)
+    await fixture.shutdown()
+  }
+}
+
+/// A durable store kept in memory that refuses commits while `failing` is set.
+final class FlakyStore: EventStore, @unchecked Sendable {
+  let failing = Locked(false)
+  let refused = Locked(0)
+  let committed = Locked(0)
+  var kind: String { "flaky" }
+  var isDurable: Bool { true }
+  func load(feed: String) throws(StoreError) -> StoredFeed? { nil }
+  func commit(_ batch: StoreBatch, completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
+    if failing.withLock({ $0 }) {
+      refused.withLock { $0 += 1 }
+      completion(.failure(StoreError(.write, path: "flaky", "disk full (simulated)")))
+    } else {
+      committed.withLock { $0 += 1 }
+      completion(.success(()))
+    }
+  }
+  func statistics() -> StoreStatistics {
+    var stats = StoreStatistics(kind: "flaky")
+    stats.commits = committed.withLock { $0 }
+    stats.commitFailures = refused.withLock { $0 }
+    return stats
+  }
+  func close() {}
+}

@@ -49,6 +49,8 @@ chroot "$root" apt-get update -qq >"$work/apt.log" 2>&1 || fail "apt-get update 
 chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $packages \
   >>"$work/apt.log" 2>&1 || fail "apt-get install $packages"
 chroot "$root" useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin pollcast
+mkdir -p "$root/var/lib/pollcast"
+chroot "$root" chown 10001:10001 /var/lib/pollcast
 
 step "building release binaries (--static-swift-stdlib, as the Dockerfile does)"
 swift build -c release --static-swift-stdlib --product pollcast >"$work/build.log" 2>&1 || fail "swift build pollcast"
@@ -79,12 +81,16 @@ chroot --userspec=10001:10001 "$root" /usr/local/bin/pollcast-legacy-fixture --l
   >"$work/fixture.out" 2>"$work/fixture.log" &
 pids+=($!)
 fixture=$(wait_line "$work/fixture.out" 10) || fail "the fixture did not start"
-chroot --userspec=10001:10001 "$root" env POLLCAST_CONFIG=/etc/pollcast/pollcast.json POLLCAST_LISTEN=127.0.0.1:0 \
-  POLLCAST_UPSTREAM_URL="http://$fixture" POLLCAST_UPSTREAM_API_KEY=dev-key /usr/local/bin/pollcast \
-  >"$work/relay.out" 2>"$work/relay.log" &
-relay_pid=$!
-pids+=($relay_pid)
-relay=$(wait_line "$work/relay.out" 10) || fail "the relay did not start"
+start_relay() {  # the image's way, with the store the compose file sets, on the volume's directory
+  rm -f "$work/relay.out"
+  chroot --userspec=10001:10001 "$root" env POLLCAST_CONFIG=/etc/pollcast/pollcast.json POLLCAST_LISTEN=127.0.0.1:0 \
+    POLLCAST_UPSTREAM_URL="http://$fixture" POLLCAST_UPSTREAM_API_KEY=dev-key POLLCAST_STORE_KIND=sqlite \
+    POLLCAST_STORE_PATH=/var/lib/pollcast/pollcast.db /usr/local/bin/pollcast >"$work/relay.out" 2>>"$work/relay.log" &
+  relay_pid=$!
+  pids+=($relay_pid)
+  relay=$(wait_line "$work/relay.out" 10) || fail "the relay did not start"
+}
+start_relay
 
 step "HEALTHCHECK command (curl inside the root filesystem) against /healthz"
 chroot --userspec=10001:10001 "$root" curl -fsS -o /dev/null "http://$relay/healthz" || fail "healthcheck"
@@ -107,7 +113,36 @@ for _ in $(seq 1 100); do
 done
 grep -q "hello from the runtime stage" "$work/events.txt" || fail "the event did not reach the SSE client"
 
+step "kill -9, a message while the relay is down, restart on the same store: the client resumes and gets it"
+last_id=$(grep '^id: ' "$work/events.txt" | tail -1 | sed 's/id: //')
+[ -n "$last_id" ] || fail "the event had no id"
+kill -KILL "$relay_pid"
+wait "$relay_pid" 2>/dev/null || true
+curl -fsS -X POST "http://$fixture/_control/messages" -d '{"user_id":"101","text":"sent while the relay was down"}' \
+  >/dev/null || fail "injecting a message"
+start_relay
+grep -q "store loaded" "$work/relay.log" || fail "the restarted relay did not load the store"
+curl -sN --max-time 20 -H "Last-Event-ID: $last_id" "http://$relay/events" >"$work/resumed.txt" 2>/dev/null &
+pids+=($!)
+for _ in $(seq 1 100); do
+  grep -q "sent while the relay was down" "$work/resumed.txt" && break
+  sleep 0.1
+done
+grep -q "sent while the relay was down" "$work/resumed.txt" || fail "the resumed client did not get what it missed"
+grep -q "hello from the runtime stage" "$work/resumed.txt" && fail "the resumed client got an event twice"
+
+step "a corrupt store file: exit 74, the file left as it is"
+echo "not a database" >"$root/tmp/corrupt.db"
+set +e
+chroot --userspec=10001:10001 "$root" env POLLCAST_LISTEN=127.0.0.1:0 POLLCAST_UPSTREAM_URL="http://$fixture" \
+  POLLCAST_STORE_KIND=sqlite POLLCAST_STORE_PATH=/tmp/corrupt.db /usr/local/bin/pollcast >/dev/null 2>"$work/corrupt.log"
+code=$?
+set -e
+[ "$code" = 74 ] || fail "a corrupt store exited $code, not 74"
+grep -q "/tmp/corrupt.db" "$work/corrupt.log" || fail "the error does not name the file"
+[ "$(cat "$root/tmp/corrupt.db")" = "not a database" ] || fail "the corrupt file was changed"
+
 step "SIGTERM: the relay exits 0"
 kill -TERM "$relay_pid"
 wait "$relay_pid" || fail "the relay exited with $?"
-echo "runtime-stage check passed: the runtime packages ($packages) are sufficient"
+echo "runtime-stage check passed: the runtime packages ($packages) are sufficient; the store survives kill -9"

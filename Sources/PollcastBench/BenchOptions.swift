@@ -27,6 +27,8 @@ public struct BenchOptions: Sendable {
   /// Per-user relaying (`auth.mode = upstream`): subscriber i presents the fixture key `key-<1000 + i % A>`, and
   /// each message goes to one account picked at random; 0 is off.
   public var accounts = 0
+  /// Messages per injection (the fixture takes a list): batches of this size reach the relay as one answer.
+  public var batch = 1
 
   public static let usage = """
     USAGE: pollcast-bench --target URL [--inject fixture:URL | publish:URL] [--mode fanout|storm|idle]
@@ -41,6 +43,8 @@ public struct BenchOptions: Sendable {
       --drain-seconds S   wait this long after the last message for stragglers (default 10)
       --mint-tokens ALG:KEYFILE  every subscriber sends its own JWT (HS256: secret file; RS256/ES256: private
                           key PEM), signed with libjwt before connecting; reports relay CPU per connect
+      --batch B           inject B messages per request (rate / B requests per second), so the relay gets
+                          them as one poll answer: one batch, one store commit (fixture injector only)
       --accounts A        per-user relaying against a fixture run with --accounts A: subscriber i sends the key
                           key-<1000 + i mod A>, each message goes to a random account; reports polls in flight
                           per account, RSS per account and per subscriber, and relay CPU idle over --idle-seconds
@@ -86,6 +90,7 @@ public struct BenchOptions: Sendable {
       case "--drain-seconds": options.drainSeconds = try number(name)
       case "--sources": options.sources = max(1, min(250, Int(try number(name))))
       case "--connect-batch": options.connectBatch = max(1, Int(try number(name)))
+      case "--batch": options.batch = max(1, Int(try number(name)))
       case "--label": options.label = try value(name)
       case "--mint-tokens": options.mintTokens = try value(name)
       case "--accounts": options.accounts = Int(try number(name))

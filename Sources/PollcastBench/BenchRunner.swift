@@ -371,7 +371,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   private func startInjecting() {
     firstSend = MonotonicClock.seconds()
     let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in self?.injectNext() }
-    timer.schedule(after: 1 / options.rate)
+    timer.schedule(after: Double(options.batch) / options.rate)
     injectTimer = timer
     injectNext()
   }
@@ -383,20 +383,23 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     }
     let limit: Int
     if case .fixture = options.injector { limit = 1 } else { limit = publishConcurrency }
+    let due = min(options.batch, options.messages - sequence - injectBacklog)
     if injectInFlight >= limit {
-      injectBacklog += 1
+      injectBacklog += due
       return
     }
-    sendInjection()
+    sendInjection(due)
   }
 
-  private func sendInjection() {
+  private func sendInjection(_ due: Int) {
     // Messages that queued up behind the previous request go together (the fixture takes a list), each with
     // its own send time, so the injector keeps up with high rates without reordering anything.
-    var count = 1
+    // `--batch B`: B messages per request at rate / B requests per second (one upstream answer, one commit).
+    var count = due
     if case .fixture = options.injector, options.accounts == 0 {
-      count += min(injectBacklog, 200)
-      injectBacklog -= count - 1
+      let extra = min(injectBacklog, 200)
+      count += extra
+      injectBacklog -= extra
     }
     var texts: [String] = []
     for _ in 0..<count {
@@ -432,8 +435,9 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       injectInFlight -= 1
       lastInjectCompleted = MonotonicClock.seconds()
       if injectBacklog > 0 {
-        injectBacklog -= 1
-        sendInjection()
+        let next = min(injectBacklog, options.batch)
+        injectBacklog -= next
+        sendInjection(next)
       }
     }
   }

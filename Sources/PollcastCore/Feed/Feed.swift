@@ -280,27 +280,13 @@ public actor Feed {
 
   private func fanOut(_ batch: [ReplayRing.Entry], whole: BroadcastBytes) {
     guard let last = batch.last?.id else { return }
-    var filtered: [ByteSlice] = []
     for subscriber in subscribers where subscriber.mode == .live && !subscriber.isClosed {
-      if subscriber.streams == nil {
-        broadcast(whole, to: subscriber)
-      } else {
-        filtered.removeAll(keepingCapacity: true)
-        for entry in batch where subscriber.wants(entry.stream) {
-          Feed.appendMerging(entry.slice, to: &filtered)
-        }
-        if !filtered.isEmpty { send(filtered, to: subscriber) }
+      switch FeedPlan.delivery(of: batch, to: subscriber.streams) {
+      case .whole: broadcast(whole, to: subscriber)
+      case .slices(let slices): send(slices, to: subscriber)
+      case .nothing: break
       }
       if !subscriber.isClosed { subscriber.cursor = last }
-    }
-  }
-
-  static func appendMerging(_ slice: ByteSlice, to slices: inout [ByteSlice]) {
-    if let previous = slices.last, previous.isFollowed(by: slice) {
-      slices[slices.count - 1] = ByteSlice(
-        block: previous.block, offset: previous.offset, count: previous.count + slice.count)
-    } else {
-      slices.append(slice)
     }
   }
 
@@ -329,7 +315,7 @@ public actor Feed {
   /// client that does not read is cut at the next batch.
   @inline(__always)
   private func admit(_ size: Int, to subscriber: Subscriber) -> Bool {
-    if subscriber.sink.pendingBytes > settings.maxPendingBytes {
+    if FeedPlan.cuts(pendingBytes: subscriber.sink.pendingBytes, maxPendingBytes: settings.maxPendingBytes) {
       disconnectSlow(subscriber)
       return false
     }
@@ -429,33 +415,20 @@ public actor Feed {
   /// Queues the next part of a catching-up subscriber's replay; when it reaches the head it goes live.
   private func pump(_ subscriber: Subscriber) {
     guard subscriber.mode == .replaying, !subscriber.isClosed else { return }
-    if subscriber.cursor < ring.floorID {
-      // The ring evicted events this client had not been sent yet: it cannot keep up.
+    let step = FeedPlan.replayStep(
+      ring: ring, after: subscriber.cursor, streams: subscriber.streams, head: visibleHead,
+      chunkBytes: settings.replayChunkBytes)
+    if step.fellBehind {
       disconnectSlow(subscriber)
       return
     }
-    var position = ring.position(after: subscriber.cursor)
-    var slices: [ByteSlice] = []
-    var size = 0
-    var replayed = 0
-    while position < ring.endIndex && size < settings.replayChunkBytes {
-      let entry = ring[position]
-      if subscriber.wants(entry.stream) {
-        Feed.appendMerging(entry.slice, to: &slices)
-        size += entry.slice.count
-        replayed += 1
-      }
-      subscriber.cursor = entry.id
-      position += 1
-    }
-    if position >= ring.endIndex {
-      subscriber.cursor = visibleHead
+    var slices = step.slices
+    subscriber.cursor = step.cursor
+    stats.replayedEvents += step.events
+    stats.bytesQueued += step.bytes
+    if step.reachesHead {
       subscriber.mode = .live
       if let statusEvent { slices.append(statusEvent.payload) }
-    }
-    stats.replayedEvents += replayed
-    stats.bytesQueued += size
-    if subscriber.mode == .live {
       if !slices.isEmpty { subscriber.sink.write(slices) }
       return
     }

@@ -46,11 +46,4 @@ public final class Subscriber: @unchecked Sendable {
     self.cursor = cursor
     self.mode = mode
   }
-
-  /// Whether an event of `stream` goes to this client (events of no stream go to everyone).
-  @inline(__always)
-  func wants(_ stream: String?) -> Bool {
-    guard let streams, let stream else { return true }
-    return streams.contains(stream)
-  }
 }

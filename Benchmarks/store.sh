@@ -63,7 +63,29 @@ for rate in 5000 10000 20000 40000; do
     run "ramp-b100-$rate" "$kind" --subscribers 10 --messages $((rate * 5)) --rate "$rate" --batch 100 --drain-seconds 5
   done
 done
+# The store's own ceiling, without a relay: one commit at a time as the upstream loop does.
+for round in $(seq 1 "$runs"); do
+  for sync in normal full; do
+    for batch in 1 100; do
+      taskset -c 0 "$bin/pollcast-bench" --mode store --store-path "$work/micro.db" --synchronous "$sync" \
+        --batch "$batch" --messages $((batch == 1 ? 20000 : 200000)) | grep SUMMARY | tee -a "$work/micro.txt"
+    done
+  done
+done
 cp "$work/summaries.txt" "${STORE_BENCH_OUT:-/tmp/store-bench-summaries.txt}"
+python3 - "$work/micro.txt" <<'PY'
+import collections, statistics, sys
+rows = [dict(f.split("=", 1) for f in line.split()[1:]) for line in open(sys.argv[1])]
+groups = collections.defaultdict(list)
+for row in rows:
+    groups[(row["synchronous"], row["batch"])].append(row)
+print("| synchronous | batch | commits/s | events/s | commit p50 (ms) | commit p99 (ms) | runs |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+for (sync, batch), found in sorted(groups.items(), key=lambda g: (g[0][0] != "normal", int(g[0][1]))):
+    med = lambda key: statistics.median(float(r[key]) for r in found)
+    print(f"| {sync} | {batch} | {med('commits_per_s'):,.0f} | {med('events_per_s'):,.0f} | "
+          f"{med('commit_p50_ms'):.3f} | {med('commit_p99_ms'):.3f} | {len(found)} |")
+PY
 python3 - "$work/summaries.txt" <<'PY'
 import collections, statistics, sys
 rows = [dict(f.split("=", 1) for f in line.split()[1:]) for line in open(sys.argv[1]) if "failed=1" not in line]
@@ -91,9 +113,11 @@ for prefix in ["ramp-b1-", "ramp-b100-"]:
         for (scenario, k), found in sorted(groups.items()):
             if k == kind and scenario.startswith(prefix) and all(sustained(r) for r in found):
                 best = max(best, float(scenario[len(prefix):]))
-        details = ", ".join(f"{s[len(prefix):]}/s: p99 {float(r[0].get('p99_ms', 'nan')):.1f} ms, "
+        steps = sorted(((float(s[len(prefix):]), r) for (s, k), r in groups.items()
+                        if k == kind and s.startswith(prefix)), key=lambda step: step[0])
+        details = ", ".join(f"{rate:g}/s: achieved {float(r[0].get('achieved_rate', 'nan')):g}/s, "
+                            f"p99 {float(r[0].get('p99_ms', 'nan')):.1f} ms, lost {r[0].get('lost', '?')}, "
                             f"{float(r[0].get('cpu_us_per_delivery', 'nan')):.1f} µs/delivery"
-                            for (s, k), r in sorted(groups.items(), key=lambda g: float(g[0][0].split('-')[-1]))
-                            if k == kind and s.startswith(prefix))
+                            for rate, r in steps)
         print(f"highest sustained {prefix.rstrip('-')} {kind}: {best:g} messages/s   ({details})")
 PY

@@ -1,8 +1,9 @@
 import Foundation
+import PollcastCore
 
 /// `pollcast-bench` options.
 public struct BenchOptions: Sendable {
-  public enum Mode: String, Sendable { case fanout, storm, idle }
+  public enum Mode: String, Sendable { case fanout, storm, idle, store }
   public enum Injector: Sendable {
     /// The reference fixture's control API: POST {"user_id":"101","text":"bench …"}.
     case fixture(String)
@@ -29,6 +30,9 @@ public struct BenchOptions: Sendable {
   public var accounts = 0
   /// Messages per injection (the fixture takes a list): batches of this size reach the relay as one answer.
   public var batch = 1
+  /// `--mode store`: the SQLite file to commit to (created; removed afterwards) and its `synchronous` setting.
+  public var storePath = ""
+  public var synchronous = SQLiteEventStore.Synchronous.normal
 
   public static let usage = """
     USAGE: pollcast-bench --target URL [--inject fixture:URL | publish:URL] [--mode fanout|storm|idle]
@@ -43,6 +47,9 @@ public struct BenchOptions: Sendable {
       --drain-seconds S   wait this long after the last message for stragglers (default 10)
       --mint-tokens ALG:KEYFILE  every subscriber sends its own JWT (HS256: secret file; RS256/ES256: private
                           key PEM), signed with libjwt before connecting; reports relay CPU per connect
+      --mode store        no relay: commit --messages events in batches of --batch to a SQLiteEventStore at
+                          --store-path (--synchronous normal|full), one commit at a time as the upstream loop
+                          does, and report commits/s, events/s and commit latency (the store's own ceiling)
       --batch B           inject B messages per request (rate / B requests per second), so the relay gets
                           them as one poll answer: one batch, one store commit (fixture injector only)
       --accounts A        per-user relaying against a fixture run with --accounts A: subscriber i sends the key
@@ -81,7 +88,7 @@ public struct BenchOptions: Sendable {
         }
       case "--mode":
         let text = try value(name)
-        guard let mode = Mode(rawValue: text) else { throw BenchError("--mode: fanout, storm or idle") }
+        guard let mode = Mode(rawValue: text) else { throw BenchError("--mode: fanout, storm, idle or store") }
         options.mode = mode
       case "--subscribers": options.subscribers = Int(try number(name))
       case "--messages": options.messages = Int(try number(name))
@@ -91,6 +98,13 @@ public struct BenchOptions: Sendable {
       case "--sources": options.sources = max(1, min(250, Int(try number(name))))
       case "--connect-batch": options.connectBatch = max(1, Int(try number(name)))
       case "--batch": options.batch = max(1, Int(try number(name)))
+      case "--store-path": options.storePath = try value(name)
+      case "--synchronous":
+        let text = try value(name)
+        guard let synchronous = SQLiteEventStore.Synchronous(rawValue: text) else {
+          throw BenchError("--synchronous: normal or full")
+        }
+        options.synchronous = synchronous
       case "--label": options.label = try value(name)
       case "--mint-tokens": options.mintTokens = try value(name)
       case "--accounts": options.accounts = Int(try number(name))
@@ -103,7 +117,10 @@ public struct BenchOptions: Sendable {
       default: throw BenchError("unknown option \(name)")
       }
     }
-    guard options.rate > 0 || options.mode == .idle else { throw BenchError("--rate must be above 0") }
+    if options.mode == .store && options.storePath.isEmpty { throw BenchError("--mode store needs --store-path") }
+    guard options.rate > 0 || options.mode == .idle || options.mode == .store else {
+      throw BenchError("--rate must be above 0")
+    }
     return options
   }
 }

@@ -13,6 +13,15 @@ do {
   FileHandle.standardError.write(Data("Error: \(error)\n\n\(BenchOptions.usage)\n".utf8))
   exit(64)
 }
+if options.mode == .store {
+  do {
+    print(try StoreBench.run(options))
+    exit(0)
+  } catch {
+    FileHandle.standardError.write(Data("Error: \(error)\n".utf8))
+    exit(1)
+  }
+}
 let loop = try EventLoop()
 loop.start()
 do {

@@ -216,6 +216,25 @@ import Testing
     #expect(!"\(config.redacted.generic.headers)".contains("{credential}"))
   }
 
+  @Test func storeProblemsAreReported() {
+    var config = Configuration()
+    config.store.kind = "bolt"
+    config.store.synchronous = "sometimes"
+    var problems = config.problems()
+    #expect(problems.contains { $0.hasPrefix("store.kind: \"bolt\"") })
+    #expect(problems.contains { $0.hasPrefix("store.synchronous") })
+    config = Configuration()
+    config.store.kind = "sqlite"
+    problems = config.problems()
+    #expect(
+      problems == ["store.path: store.kind sqlite needs a file path (--store-path /var/lib/pollcast/pollcast.db)"])
+    config.store.path = "/tmp/pollcast.db"
+    #expect(config.problems().isEmpty)
+    // Per-account feeds are not stored yet: refused, not silently kept in memory.
+    config.auth.mode = "upstream"
+    #expect(config.problems().contains { $0.hasPrefix("store.kind: sqlite keeps the shared feed") })
+  }
+
   @Test func upstreamProblemsAreReported() {
     var config = Configuration()
     config.upstream.adapter = "soap"

@@ -80,6 +80,36 @@ import Testing
     #expect(store.statistics().commits == 2)
   }
 
+  /// 3,000 commits of one 2 KB event each, the ring keeping the newest 100: the trims keep the file near the
+  /// ring's size (SQLite reuses freed pages) instead of growing with everything ever written.
+  @Test func theFileStaysNearTheRingsSizeUnderSteadyTrims() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let store = try SQLiteEventStore.open(path: path)
+    let payload = String(repeating: "x", count: 2000)
+    for id in UInt64(1)...3000 {
+      let bytes = ByteSlice(SSEEncoder.event(id: id, type: nil, data: payload))
+      let event = StoredEvent(id: id, stream: "s", upstreamID: id, unixTime: 0, bytes: bytes)
+      try commit(
+        store,
+        StoreBatch(
+          feed: "shared", events: [event], position: FeedPosition(streams: ["s"], cursors: ["s": id]), headID: id,
+          floorID: id > 100 ? id - 100 : 0))
+    }
+    let stats = store.statistics()
+    store.close()
+    #expect(stats.eventsWritten == 3000)
+    #expect(stats.eventsTrimmed == 2900)
+    // 100 events of 2 KB are 200 KB; everything written is 6 MB. Allow room for the b-tree and free pages.
+    #expect(stats.fileBytes < 1_500_000, "database file \(stats.fileBytes) bytes")
+    // Checkpointed every 1,000 pages (4 MB), so the WAL restarts from its beginning instead of growing.
+    #expect(stats.walBytes < 5_000_000, "WAL \(stats.walBytes) bytes")
+    let reopened = try SQLiteEventStore.open(path: path)
+    defer { reopened.close() }
+    let loaded = try #require(try reopened.load(feed: "shared"))
+    #expect(loaded.events.map(\.id) == Array(2901...3000))
+    #expect(loaded.position?.cursors == ["s": 3000])
+  }
+
   @Test func aFileThatIsNotAStoreIsCorruptAndLeftAlone() throws {
     defer { try? FileManager.default.removeItem(at: directory) }
     #expect(FileManager.default.createFile(atPath: path, contents: Data("not a database at all\n".utf8)))

@@ -110,6 +110,34 @@ import Testing
     #expect(loaded.position?.cursors == ["s": 3000])
   }
 
+  /// An evicted account's feed: events and cursors go, the head stays (its ids are never handed out again) and
+  /// the floor rises to it (a resume into it is too old). Other feeds are untouched.
+  @Test func aDroppedFeedKeepsOnlyItsHead() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let store = try SQLiteEventStore.open(path: path)
+    defer { store.close() }
+    for feed in ["account:user:1", "account:user:2"] {
+      try commit(
+        store,
+        StoreBatch(
+          feed: feed, events: [event(5), event(6)], position: FeedPosition(streams: ["101"], cursors: ["101": 2]),
+          headID: 6, floorID: 4))
+    }
+    store.drop(feed: "account:user:1")
+    let loaded = Locked<Result<StoredFeed?, StoreError>?>(nil)
+    let done = DispatchSemaphore(value: 0)
+    store.load(feed: "account:user:1") { result in
+      loaded.withLock { $0 = result }
+      done.signal()
+    }
+    done.wait()
+    let dropped = try #require(try loaded.withLock { $0! }.get())
+    #expect(dropped.headID == 6 && dropped.floorID == 6)
+    #expect(dropped.events.isEmpty && dropped.position == nil)
+    let other = try #require(try store.load(feed: "account:user:2"))
+    #expect(other.events.map(\.id) == [5, 6] && other.position != nil)
+  }
+
   @Test func aFileThatIsNotAStoreIsCorruptAndLeftAlone() throws {
     defer { try? FileManager.default.removeItem(at: directory) }
     #expect(FileManager.default.createFile(atPath: path, contents: Data("not a database at all\n".utf8)))

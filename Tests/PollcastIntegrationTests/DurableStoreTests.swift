@@ -218,6 +218,78 @@ import Testing
     await fixture.shutdown()
   }
 
+  /// Per-user relaying on the same file: each account's ring, ids and cursors are stored under its user id, so an
+  /// account that comes back after a restart resumes with what it missed, its own only.
+  @Test func eachAccountResumesAfterARestart() async throws {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-accounts-\(UUID())")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let path = directory.appendingPathComponent("pollcast.db").path
+    var options = LegacyFixture.Options()
+    options.accounts = 2
+    let fixture = try await LegacyFixture.start(options)
+    func startRelay() async throws -> Relay {
+      var worker = UpstreamWorker.Settings()
+      worker.backoff = Backoff(base: 0.05, cap: 0.2)
+      let base = "http://\(fixture.address)"
+      var server = ServerSettings(host: "127.0.0.1", port: 0)
+      server.access.perUser = true
+      return try await Relay.start(
+        server: server, feed: FeedSettings(heartbeatInterval: 5), logger: Logger(label: "test", level: .critical),
+        store: try SQLiteEventStore.open(path: path),
+        accounts: (
+          AccountHub.Upstream(
+            makeAdapter: { _ in ChatAdapter(baseURL: base, holdSeconds: 1, marginSeconds: 1, requestTimeout: 3) },
+            worker: worker, feed: FeedSettings()),
+          AccountsHarness.fastSettings()
+        ))
+    }
+    func client(_ relay: Relay, _ key: String, after id: UInt64? = nil) throws -> TestSSEClient {
+      var headers = [("Authorization", "Bearer \(key)")]
+      if let id { headers.append(("Last-Event-ID", String(id))) }
+      return try TestSSEClient(port: relay.port, headers: headers)
+    }
+
+    var relay = try await startRelay()
+    let first = try client(relay, "key-1000")
+    let second = try client(relay, "key-1001")
+    try first.waitForHead()
+    try second.waitForHead()
+    let hub = try #require(relay.hub)
+    for key in ["user:1000", "user:1001"] {
+      let deadline = MonotonicClock.seconds() + 10
+      while await hub.account(key)?.worker?.state != .live && MonotonicClock.seconds() < deadline {
+        try await Task.sleep(for: .milliseconds(10))
+      }
+    }
+    _ = await fixture.append(user: "1000", texts: ["a", "b"])
+    _ = await fixture.append(user: "1001", texts: ["x"])
+    try first.waitUntil(timeout: 10, "a, b") { $0.relayedMessages.count == 2 }
+    try second.waitUntil(timeout: 10, "x") { $0.relayedMessages.count == 1 }
+    let firstIDs = first.messageIDs
+    let secondIDs = second.messageIDs
+    await relay.shutdown(deadline: 2)
+
+    _ = await fixture.append(user: "1000", texts: ["c"])
+    _ = await fixture.append(user: "1001", texts: ["y"])
+    relay = try await startRelay()
+    let resumedFirst = try client(relay, "key-1000", after: firstIDs[0])
+    let resumedSecond = try client(relay, "key-1001", after: secondIDs[0])
+    try resumedFirst.waitUntil(timeout: 10, "b, c") { $0.relayedMessages.count == 2 }
+    try resumedSecond.waitUntil(timeout: 10, "y") { $0.relayedMessages.count == 1 }
+    #expect(resumedFirst.relayedMessages.map(\.text) == ["b", "c"])
+    #expect(resumedFirst.relayedMessages.map(\.backlog) == [false, false])
+    #expect(resumedFirst.messageIDs.first == firstIDs[1])
+    #expect(resumedFirst.messageIDs[1] > firstIDs[1])
+    #expect(resumedSecond.relayedMessages.map(\.text) == ["y"])
+    #expect(resumedSecond.messageIDs[0] > secondIDs[0])
+    #expect(resumedFirst.events(ofType: "reset").isEmpty && resumedSecond.events(ofType: "reset").isEmpty)
+    _ = try resumedFirst.pump(timeout: 0.3)
+    #expect(resumedFirst.relayedMessages.count == 2, "nothing of the other account, nothing twice")
+    await relay.shutdown(deadline: 2)
+    await fixture.shutdown()
+  }
+
   /// A store that refuses commits while told to: through the seam, the feed shows nothing it could not store,
   /// `/readyz` says why, and once the store accepts again every message arrives exactly once, in order.
   @Test func aFailingStoreShowsNothingAndLosesNothing() async throws {
@@ -272,6 +344,10 @@ final class FlakyStore: EventStore, @unchecked Sendable {
   var kind: String { "flaky" }
   var isDurable: Bool { true }
   func load(feed: String) throws(StoreError) -> StoredFeed? { nil }
+  func load(feed: String, completion: @escaping @Sendable (Result<StoredFeed?, StoreError>) -> Void) {
+    completion(.success(nil))
+  }
+  func drop(feed: String) {}
   func commit(_ batch: StoreBatch, completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
     if failing.withLock({ $0 }) {
       refused.withLock { $0 += 1 }

@@ -48,15 +48,19 @@ public actor AccountHub {
     public var worker: UpstreamWorker.Settings
     public var feed: FeedSettings
     public var maxBodyBytes: Int
+    /// Where each account's ring, ids and cursors live (`store.kind`): an account that comes back after a restart
+    /// resumes from what was stored for it.
+    public var store: EventStore
 
     public init(
       makeAdapter: @escaping @Sendable (_ credential: String) -> UpstreamAdapter, worker: UpstreamWorker.Settings,
-      feed: FeedSettings, maxBodyBytes: Int = 8 << 20
+      feed: FeedSettings, maxBodyBytes: Int = 8 << 20, store: EventStore = MemoryEventStore()
     ) {
       self.makeAdapter = makeAdapter
       self.worker = worker
       self.feed = feed
       self.maxBodyBytes = maxBodyBytes
+      self.store = store
     }
   }
 
@@ -284,9 +288,22 @@ public actor AccountHub {
     stats.credentialChecks["accepted", default: 0] += 1
     lastReached = MonotonicClock.seconds()
     let key = identity.map { "user:\($0.user)" } ?? "credential:\(digest.hex)"
+    var restored: StoredFeed?
+    if accounts[key] == nil && upstream.store.isDurable {
+      // An account not in memory may be in the store (it was here before a restart): read off the loop.
+      switch await load(key) {
+      case .success(let stored): restored = stored
+      case .failure(let error):
+        stats.credentialChecks["unavailable", default: 0] += 1
+        logger.limited(
+          .error, "cannot read an account from the store", metadata: ["error": error.description],
+          limiter: &logLimiter)
+        return .unavailable
+      }
+    }
     let outcome = activate(
       key: key, label: identity?.user, streams: identity?.streams ?? adapter.defaultStreams, credential: credential,
-      digest: digest, adapter: adapter, client: client)
+      digest: digest, adapter: adapter, client: client, restored: restored)
     if identity == nil, case .admitted(let account) = outcome { markUnverified(account, from: address) }
     return outcome
   }
@@ -326,9 +343,21 @@ public actor AccountHub {
 
   // MARK: Accounts
 
+  /// The store's name of an account's feed.
+  static func storeKey(_ key: String) -> String { "account:\(key)" }
+
+  private func load(_ key: String) async -> Result<StoredFeed?, StoreError> {
+    let store = upstream.store
+    return await withCheckedContinuation { continuation in
+      store.load(feed: Self.storeKey(key)) { continuation.resume(returning: $0) }
+    }
+  }
+
+  /// - Parameter restored: what the store held for a new account (ignored when the account exists by now: another
+  ///   check of one of its keys made it while this one read the store).
   private func activate(
     key: String, label: String?, streams: [String], credential: String, digest: CredentialDigest,
-    adapter: UpstreamAdapter, client: UpstreamClient
+    adapter: UpstreamAdapter, client: UpstreamClient, restored: StoredFeed?
   ) -> Outcome {
     let now = MonotonicClock.seconds()
     let account: Account
@@ -341,9 +370,15 @@ public actor AccountHub {
       // An active account keeps its loop: the session this check opened is simply not used.
     } else {
       guard makeRoomForActive(), makeRoomForRetained() else { return full() }
-      let feed = Feed(loop: loop, settings: upstream.feed, ids: EventIDAllocator(persistedAtLeast: highWater))
+      let feed = Feed(
+        loop: loop, settings: upstream.feed,
+        ids: EventIDAllocator(persistedAtLeast: max(highWater, restored?.headID ?? 0)), store: upstream.store,
+        storeKey: Self.storeKey(key), restored: restored)
       account = Account(
         key: key, label: label ?? "account-\(nextLabel)", feed: feed, streams: streams, now: now)
+      if let restored, let position = restored.position {
+        account.position = UpstreamWorker.Position(stored: position, events: restored.events)
+      }
       if label == nil { nextLabel += 1 }
       feed.assumeIsolated { feed in
         feed.observeSubscribers { [weak self, weak account] count in
@@ -519,6 +554,7 @@ public actor AccountHub {
         heartbeatsSent: final.heartbeatsSent, bytesQueued: final.bytesQueued, ringEvicted: final.ringEvicted))
     account.graceTimer = nil
     account.feed.assumeIsolated { $0.pause() }
+    upstream.store.drop(feed: account.feed.storeKey)
     accounts[account.key] = nil
     stats.retainedAccounts = accounts.count
     stats.evictions[reason, default: 0] += 1

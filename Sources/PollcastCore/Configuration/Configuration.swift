@@ -481,10 +481,12 @@ extension Configuration {
       if store.path.isEmpty {
         problems.append("store.path: store.kind sqlite needs a file path (--store-path /var/lib/pollcast/pollcast.db)")
       }
-      if auth.mode == "upstream" {
+      if auth.mode == "upstream" && upstream.adapter == "generic" {
+        // Accounts of an API without a session step are known only by a digest of their key, salted per
+        // process: nothing would find them again after a restart.
         problems.append(
-          "store.kind: sqlite keeps the shared feed; auth.mode upstream (one feed per account) needs store.kind memory"
-            + " for now")
+          "store.kind: sqlite keeps the accounts of the chat adapter (known by user id); with auth.mode upstream the"
+            + " generic adapter's accounts (known only by their key) need store.kind memory")
       }
     default:
       problems.append("store.kind: \"\(store.kind)\" is not memory or sqlite")

@@ -90,8 +90,11 @@ public final class Relay: Sendable {
     }
     var hub: AccountHub?
     if let accounts {
-      hub = try await loop.submit { () throws(UpstreamError) -> AccountHub in
-        try AccountHub(loop: loop, upstream: accounts.upstream, settings: accounts.settings, logger: logger)
+      // One store for every feed: the accounts' feeds are kept beside the shared one.
+      var hubUpstream = accounts.upstream
+      hubUpstream.store = store
+      hub = try await loop.submit { [hubUpstream] () throws(UpstreamError) -> AccountHub in
+        try AccountHub(loop: loop, upstream: hubUpstream, settings: accounts.settings, logger: logger)
       }
       await hub?.start()
     }

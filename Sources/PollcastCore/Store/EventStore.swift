@@ -19,6 +19,12 @@ public protocol EventStore: AnyObject, Sendable {
   /// Commits `batch` atomically and calls `completion` (on any thread) once it is durable, or with the error that
   /// left the store as it was before the batch. Batches are committed in the order they are given.
   func commit(_ batch: StoreBatch, completion: @escaping @Sendable (Result<Void, StoreError>) -> Void)
+  /// `load(feed:)` off the caller's thread (the writer's), for a feed that starts while the relay serves (an
+  /// account's, in per-user relaying): `completion` runs on any thread.
+  func load(feed: String, completion: @escaping @Sendable (Result<StoredFeed?, StoreError>) -> Void)
+  /// Drops a feed's events and cursors (an evicted account's), after the commits already given. Its id
+  /// high-water mark stays, so ids are never reused if the feed starts again.
+  func drop(feed: String)
   /// Counters for `/metrics`.
   func statistics() -> StoreStatistics
   /// Waits for the commits already given and closes the store. Later commits fail.
@@ -145,6 +151,10 @@ public final class MemoryEventStore: EventStore {
   public var kind: String { "memory" }
   public var isDurable: Bool { false }
   public func load(feed: String) throws(StoreError) -> StoredFeed? { nil }
+  public func load(feed: String, completion: @escaping @Sendable (Result<StoredFeed?, StoreError>) -> Void) {
+    completion(.success(nil))
+  }
+  public func drop(feed: String) {}
   public func commit(_ batch: StoreBatch, completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
     completion(.success(()))
   }

@@ -166,6 +166,53 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     return try result.get()
   }
 
+  public func load(feed: String, completion: @escaping @Sendable (Result<StoredFeed?, StoreError>) -> Void) {
+    queue.async { [self] in
+      do throws(StoreError) {
+        completion(.success(try read(feed: feed)))
+      } catch {
+        completion(.failure(error))
+      }
+    }
+  }
+
+  public func drop(feed: String) {
+    queue.async { [self] in
+      guard db != nil, let feedID = try? feedRowID(feed) else { return }
+      do throws(StoreError) {
+        try execute("BEGIN IMMEDIATE")
+        for sql in ["DELETE FROM events WHERE feed = ?1", "DELETE FROM cursors WHERE feed = ?1"] {
+          let delete = try statement(sql)
+          defer { sqlite3_reset(delete) }
+          sqlite3_bind_int64(delete, 1, feedID)
+          _ = try step(delete)
+        }
+        // The floor rises to the head: a resume into the dropped feed is too old, and its ids stay used.
+        let raise = try statement("UPDATE feeds SET floor_id = head_id WHERE id = ?1")
+        defer { sqlite3_reset(raise) }
+        sqlite3_bind_int64(raise, 1, feedID)
+        _ = try step(raise)
+        try execute("COMMIT")
+        floors[feed] = nil
+      } catch {
+        try? execute("ROLLBACK")
+        stats.withLock { $0.commitFailures += 1 }
+      }
+    }
+  }
+
+  /// The row id of a stored feed, nil when it has none.
+  private func feedRowID(_ feed: String) throws(StoreError) -> Int64? {
+    if let known = feedIDs[feed] { return known }
+    let select = try statement("SELECT id FROM feeds WHERE name = ?1")
+    defer { sqlite3_reset(select) }
+    sqlite3_bind_text(select, 1, feed, -1, pollcast_sqlite_transient())
+    guard try step(select) else { return nil }
+    let id = sqlite3_column_int64(select, 0)
+    feedIDs[feed] = id
+    return id
+  }
+
   public func commit(_ batch: StoreBatch, completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
     let queued = MonotonicClock.seconds()
     queue.async { [self] in
@@ -347,13 +394,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     sqlite3_bind_int64(upsert, 2, Int64(bitPattern: head))
     sqlite3_bind_int64(upsert, 3, Int64(bitPattern: floor))
     _ = try step(upsert)
-    if let known = feedIDs[feed] { return known }
-    let select = try statement("SELECT id FROM feeds WHERE name = ?1")
-    defer { sqlite3_reset(select) }
-    sqlite3_bind_text(select, 1, feed, -1, pollcast_sqlite_transient())
-    guard try step(select) else { throw StoreError(.write, path: path, "feed row \(feed) vanished") }
-    let id = sqlite3_column_int64(select, 0)
-    feedIDs[feed] = id
+    guard let id = try feedRowID(feed) else { throw StoreError(.write, path: path, "feed row \(feed) vanished") }
     return id
   }
 

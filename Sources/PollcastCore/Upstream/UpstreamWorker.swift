@@ -109,6 +109,26 @@ public actor UpstreamWorker {
     /// The ids relayed lately per stream: an upstream that resends its last page after the restart is then
     /// recognised as resending (dropped), not as ids going backwards (relayed again).
     var recent: [String: RecentIDs] = [:]
+
+    public init(streams: [String], cursors: [String: UInt64]) {
+      self.streams = streams
+      self.cursors = cursors
+    }
+
+    init(streams: [String], cursors: [String: UInt64], recent: [String: RecentIDs]) {
+      self.init(streams: streams, cursors: cursors)
+      self.recent = recent
+    }
+
+    /// A position read from the store: the stored events' upstream ids count as relayed lately.
+    public init(stored: FeedPosition, events: [StoredEvent]) {
+      var recent: [String: RecentIDs] = [:]
+      for event in events {
+        guard let stream = event.stream, let id = event.upstreamID else { continue }
+        recent[stream, default: RecentIDs()].insert(id)
+      }
+      self.init(streams: stored.streams, cursors: stored.cursors, recent: recent)
+    }
   }
 
   public func position() -> Position? {
@@ -131,12 +151,7 @@ public actor UpstreamWorker {
   /// Before `start()`: poll on from a position read from the store, the stored events' upstream ids counting as
   /// relayed lately (an upstream that resends its last page after the restart is not relayed twice).
   public func restore(_ stored: FeedPosition, events: [StoredEvent]) {
-    var recent: [String: RecentIDs] = [:]
-    for event in events {
-      guard let stream = event.stream, let id = event.upstreamID else { continue }
-      recent[stream, default: RecentIDs()].insert(id)
-    }
-    restore(Position(streams: stored.streams, cursors: stored.cursors, recent: recent))
+    restore(Position(stored: stored, events: events))
   }
 
   /// Called (on the loop) when `settings.stopWhenKeyRefused` is set and the upstream refused the key.

@@ -19,12 +19,53 @@ public func pollcastFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
   case "cursor": FuzzChecks.cursorDecision(bytes)
   case "jwt": FuzzChecks.jwt(bytes)
   case "credential": FuzzChecks.credential(bytes)
+  case "store": FuzzChecks.store(bytes)
   default: fatalError("unknown POLLCAST_FUZZ_TARGET \(target)")
   }
   return 0
 }
 
 enum FuzzChecks {
+  /// Any file handed to the SQLite store opens as a store or fails with a `StoreError` (never a crash, never an
+  /// empty start). What loads is consistent (ids increasing, at or below the head, each event's bytes carrying its
+  /// id), and a commit above the loaded head is read back after it.
+  static func store(_ bytes: [UInt8]) {
+    let path = NSTemporaryDirectory() + "pollcast-fuzz-store-\(getpid()).db"
+    for suffix in ["", "-wal", "-shm", "-journal"] { unlink(path + suffix) }
+    guard FileManager.default.createFile(atPath: path, contents: Data(bytes)) else { return }
+    guard let store = try? SQLiteEventStore.open(path: path) else { return }
+    defer { store.close() }
+    let loaded: StoredFeed?
+    do {
+      loaded = try store.load(feed: "shared")
+    } catch {
+      return
+    }
+    let head = loaded?.headID ?? 0
+    var previous: UInt64?
+    for event in loaded?.events ?? [] {
+      precondition(event.id <= head && previous.map { event.id > $0 } ?? true, "loaded ids out of order")
+      previous = event.id
+    }
+    guard head < UInt64(Int64.max) - 1 else { return }
+    let id = head + 1
+    let event = StoredEvent(
+      id: id, stream: "s", upstreamID: 1, unixTime: 0, bytes: ByteSlice(SSEEncoder.event(id: id, type: nil, data: "x")))
+    let done = DispatchSemaphore(value: 0)
+    let committed = Locked(false)
+    store.commit(
+      StoreBatch(
+        feed: "shared", events: [event], position: FeedPosition(streams: ["s"], cursors: ["s": 1]), headID: id,
+        floorID: loaded?.floorID ?? 0)
+    ) { result in
+      if case .success = result { committed.withLock { $0 = true } }
+      done.signal()
+    }
+    done.wait()
+    guard committed.withLock({ $0 }), let again = try? store.load(feed: "shared") else { return }
+    precondition(again.headID >= id && again.events.last?.id == id, "a commit was not read back")
+  }
+
   /// CRLF and lone CR become LF, byte by byte, as SSE reads line breaks. (Foundation's replacingOccurrences works on
   /// characters and leaves a CR alone when a combining mark follows it: the first fuzz run tripped on exactly that.)
   static func normalisingLineBreaks(_ text: String) -> [UInt8] {

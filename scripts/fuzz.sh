@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(rawjson sse resume query pointer template config cursor jwt credential)
+[ ${#targets[@]} -gt 0 ] || targets=(rawjson sse resume query pointer template config cursor jwt credential store)
 out=.build/fuzz
 mkdir -p "$out"
 binary="$out/pollcast-fuzz"
@@ -19,8 +19,8 @@ if [ ! -x "$binary" ] || [ "$newest" -nt "$binary" ]; then
   echo "building $binary"
   # shellcheck disable=SC2086
   swiftc -sanitize=fuzzer,address -parse-as-library -swift-version 6 -module-name PollcastCore -O -g \
-    -I Sources/CLibevent -I Sources/CCurl -I Sources/CJWT $sources Fuzz/FuzzTargets.swift \
-    -levent -levent_pthreads -lcurl -ljwt -o "$binary"
+    -I Sources/CLibevent -I Sources/CCurl -I Sources/CJWT -I Sources/CSQLite $sources Fuzz/FuzzTargets.swift \
+    -levent -levent_pthreads -lcurl -ljwt -lsqlite3 -o "$binary"
 fi
 failed=0
 for target in "${targets[@]}"; do

@@ -16,8 +16,10 @@ import Testing
 
   var path: String { directory.appendingPathComponent("pollcast.db").path }
 
-  private func event(_ id: UInt64, stream: String? = "101", upstream: UInt64? = nil) -> StoredEvent {
-    let bytes = SSEEncoder.event(id: id, type: nil, data: "{\"n\":\(id)}")
+  private func event(_ id: UInt64, stream: String? = "101", upstream: UInt64? = nil, type: String? = nil)
+    -> StoredEvent
+  {
+    let bytes = SSEEncoder.event(id: id, type: type, data: "{\"n\":\(id)}")
     return StoredEvent(id: id, stream: stream, upstreamID: upstream, unixTime: 1_000, bytes: ByteSlice(bytes))
   }
 
@@ -41,7 +43,8 @@ import Testing
       try commit(
         store,
         StoreBatch(
-          feed: "shared", events: [event(10, upstream: 6), event(11, upstream: 7), event(12, stream: nil)],
+          feed: "shared",
+          events: [event(10, upstream: 6), event(11, upstream: 7), event(12, stream: nil, type: "stream-attached")],
           position: position, headID: 12, floorID: 9))
       store.close()
     }
@@ -59,6 +62,20 @@ import Testing
       Array(UnsafeRawBufferPointer(start: bytes.block.base + bytes.offset, count: bytes.count))
         == SSEEncoder.event(id: 10, type: nil, data: "{\"n\":10}"))
     #expect(try store.load(feed: "other") == nil)
+    // A typed event (the relay's stream notices) keeps its `event:` line before its id.
+    let notice = loaded.events[2].bytes
+    #expect(
+      Array(UnsafeRawBufferPointer(start: notice.block.base + notice.offset, count: notice.count))
+        == SSEEncoder.event(id: 12, type: "stream-attached", data: "{\"n\":12}"))
+  }
+
+  @Test func storedBytesMustNameTheirOwnID() {
+    #expect(SQLiteEventStore.carries(id: 7, Array("id: 7\ndata: x\n\n".utf8)))
+    #expect(SQLiteEventStore.carries(id: 7, Array("event: stream-attached\nid: 7\ndata: x\n\n".utf8)))
+    #expect(!SQLiteEventStore.carries(id: 7, Array("id: 8\ndata: x\n\n".utf8)))
+    #expect(!SQLiteEventStore.carries(id: 7, Array("id: 70\ndata: x\n\n".utf8)))
+    #expect(!SQLiteEventStore.carries(id: 7, Array("event: x\ndata: id: 7\n\n".utf8)))
+    #expect(!SQLiteEventStore.carries(id: 7, []))
   }
 
   @Test func theFloorAndForgottenStreamsTrimTheFileAndTheHeadNeverGoesDown() throws {

@@ -204,6 +204,9 @@ import Testing
     try live.waitUntil(timeout: 10, "three messages") { $0.relayedMessages.count == 3 }
     let ids = live.messageIDs
     #expect(ids == [5_000_000, 5_000_001, 5_000_002])
+    // A link change stores a typed notice (`event: stream-attached` before its id): it loads back too.
+    await fixture.setLinkedUser("303")
+    try live.waitUntil(timeout: 10, "attach") { !$0.events(ofType: "stream-attached").isEmpty }
     await relay.shutdown(deadline: 2)
 
     _ = await fixture.append(user: "101", texts: ["d", "e"])
@@ -213,13 +216,15 @@ import Testing
     try resumed.waitUntil(timeout: 10, "b to e") { $0.relayedMessages.count == 4 }
     #expect(resumed.relayedMessages.map(\.text) == ["b", "c", "d", "e"])
     #expect(resumed.relayedMessages.map(\.backlog) == [false, false, false, false])
-    #expect(resumed.messageIDs == [5_000_001, 5_000_002, 5_000_003, 5_000_004])
+    #expect(resumed.events(ofType: "stream-attached").count == 1, "the stored notice is replayed once")
+    // 5_000_003 is the notice's id.
+    #expect(resumed.messageIDs == [5_000_001, 5_000_002, 5_000_004, 5_000_005])
     #expect(resumed.events(ofType: "reset").isEmpty)
     // A resend of the last page after the restart is recognised as one (the stored upstream ids count as
     // relayed lately), and an id from before the restart outside the ring's floor is too old, as before.
     _ = await fixture.append(user: "101", texts: ["f"])
     try resumed.waitUntil(timeout: 10, "f") { $0.relayedMessages.count == 5 }
-    #expect(resumed.messageIDs.last == 5_000_005)
+    #expect(resumed.messageIDs.last == 5_000_006)
     await relay.shutdown(deadline: 2)
     await fixture.shutdown()
   }

@@ -286,7 +286,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
       if count > 0, let blob = sqlite3_column_blob(select, 4) {
         bytes.withUnsafeMutableBytes { $0.baseAddress!.copyMemory(from: blob, byteCount: count) }
       }
-      guard id <= head, events.last.map({ id > $0.id }) ?? true, bytes.starts(with: Array("id: \(id)\n".utf8)) else {
+      guard id <= head, events.last.map({ id > $0.id }) ?? true, Self.carries(id: id, bytes) else {
         throw StoreError(.corrupt, path: path, "feed \(feed): stored event \(id) does not match its id or the head")
       }
       events.append(
@@ -306,6 +306,15 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     return StoredFeed(
       headID: head, floorID: floor, events: events,
       position: streams.isEmpty ? nil : FeedPosition(streams: streams, cursors: cursors))
+  }
+
+  /// Whether an event's stored bytes name `id` in their `id:` line (after an `event:` line, for typed events),
+  /// so a row whose bytes and id disagree is caught as corrupt instead of being replayed under the wrong id.
+  static func carries(id: UInt64, _ bytes: [UInt8]) -> Bool {
+    let line = Array("id: \(id)\n".utf8)
+    if bytes.starts(with: line) { return true }
+    guard bytes.starts(with: Array("event: ".utf8)), let end = bytes.firstIndex(of: 0x0A) else { return false }
+    return bytes[(end + 1)...].starts(with: line)
   }
 
   // MARK: Writing

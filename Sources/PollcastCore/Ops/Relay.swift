@@ -72,8 +72,9 @@ public final class Relay: Sendable {
         metadata: [
           "kind": store.kind, "events": String(restored.events.count), "head_id": String(restored.headID),
           "next_id": String(ids.head + 1),
-          "cursors": restored.position.map { $0.streams.map { "\($0)=\(restored.position!.cursors[$0] ?? 0)" } }?
-            .joined(separator: ",") ?? "",
+          "cursors": restored.position.map { position in
+            position.streams.map { "\($0)=\(position.cursors[$0] ?? 0)" }.joined(separator: ",")
+          } ?? "",
         ])
     }
     let loop = try EventLoop()

@@ -499,15 +499,21 @@ public actor UpstreamWorker {
     }
   }
 
-  /// Stores the notices of a (re)start with the position it set. False (after a backoff) when the store refused.
+  /// Stores the notices of a (re)start with the position it set. False (after a backoff) when the store refused:
+  /// the notices are kept for the next try, as the repeated preparation finds the streams already changed.
   private func store(_ notices: [FeedEvent], _ cycleGeneration: Int) async -> Bool {
+    let all = unstoredNotices + notices
     await storeGate.acquire()
-    let stored = await commit(notices, cursors: cursors)
+    let stored = await commit(all, cursors: cursors)
     storeGate.release()
+    unstoredNotices = stored ? [] : all
     if stored { return true }
     await backOffAfterStoreFailure()
     return false
   }
+
+  /// Stream notices of a preparation the store refused, published with the next one.
+  private var unstoredNotices: [FeedEvent] = []
 
   /// Waits like after a failed poll (the store may be full or failing), then the cycle polls again from the
   /// cursors it still has.

@@ -3,7 +3,8 @@
 # random accounts at RATE per second. Reports polls in flight per account (fixture stats, must stay ≤ 1), relay
 # CPU per delivery, RSS per active account and per further subscriber, p50/p99 latency, and relay CPU idle with
 # every account's poll hanging. Relay on CPU 0, fixture and bench on CPU 1.
-# Usage: Benchmarks/accounts.sh [RUNS=3] [ACCOUNTS=2000] [RATE=100] [MESSAGES=3000] [IDLE_SECONDS=20]
+# Usage: Benchmarks/accounts.sh [RUNS=3] [ACCOUNTS=2000] [RATE=100] [MESSAGES=3000] [IDLE_SECONDS=20] [STORE=memory]
+# STORE=sqlite keeps every account's ring, ids and cursors in a fresh SQLite file per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
@@ -11,6 +12,7 @@ accounts=${2:-2000}
 rate=${3:-100}
 messages=${4:-3000}
 idle=${5:-20}
+store=${6:-memory}
 swift build -c release >/dev/null
 bin=$(swift build -c release --show-bin-path)
 work=$(mktemp -d)
@@ -21,8 +23,9 @@ for run in $(seq 1 "$runs"); do
   fixture_pid=$!
   until grep -q listening "$work/fixture.out" 2>/dev/null; do sleep 0.05; done
   fixture=$(head -1 "$work/fixture.out" | sed 's/listening on //')
+  rm -f "$work"/store.db*
   taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 --upstream-url "http://$fixture" --auth-mode upstream \
-    --log-level warning >"$work/relay.out" 2>"$work/relay.err" &
+    --store-kind "$store" --store-path "$work/store.db" --log-level warning >"$work/relay.out" 2>"$work/relay.err" &
   pid=$!
   until grep -q listening "$work/relay.out" 2>/dev/null; do
     kill -0 "$pid" 2>/dev/null || { echo "the relay did not start: $(cat "$work/relay.err")" >&2; exit 1; }

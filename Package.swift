@@ -31,9 +31,14 @@ let package = Package(
       pkgConfig: "sqlite3",
       providers: [.apt(["libsqlite3-dev"])]
     ),
+    .systemLibrary(
+      name: "CHiredis",
+      pkgConfig: "hiredis",
+      providers: [.apt(["libhiredis-dev"])]
+    ),
     .target(
       name: "PollcastCore",
-      dependencies: ["CLibevent", "CCurl", "CJWT", "CSQLite"]
+      dependencies: ["CLibevent", "CCurl", "CJWT", "CSQLite", "CHiredis"]
     ),
     .target(
       name: "LegacyFixture",

@@ -6,86 +6,6 @@ import Testing
 /// `store.kind = sqlite` (DESIGN, "Where events live"): nothing lost and nothing repeated across restarts and
 /// `kill -9`, with the real fixture, the real relay binary and real clients over loopback.
 @Suite(.serialized, .timeLimit(.minutes(10))) struct DurableStoreTests {
-  /// The relay binary on a store file, its port read from its first line, its log kept for failures.
-  final class RelayProcess {
-    let process = Process()
-    let port: Int
-
-    init(fixture: String, store: String, log: URL, extra: [String] = []) throws {
-      process.executableURL = URL(fileURLWithPath: builtProduct("pollcast"))
-      process.arguments =
-        [
-          "--listen", "127.0.0.1:0", "--upstream-url", "http://\(fixture)", "--upstream-api-key", "dev-key",
-          "--store-kind", "sqlite", "--store-path", store, "--upstream-poll-timeout-seconds", "2",
-          "--upstream-backoff-base-seconds", "0.05", "--upstream-backoff-cap-seconds", "0.2", "--log-level", "warning",
-        ] + extra
-      let out = Pipe()
-      process.standardOutput = out
-      let handle = try FileHandle(forWritingTo: log)
-      handle.seekToEndOfFile()
-      process.standardError = handle
-      try process.run()
-      guard let port = listeningPort(of: out, timeout: 30 * timingFactor) else {
-        process.terminate()
-        throw TestSSEClient.Failure(description: "the relay did not start")
-      }
-      self.port = port
-    }
-
-    func kill9() {
-      kill(process.processIdentifier, SIGKILL)
-      process.waitUntilExit()
-    }
-
-    deinit { if process.isRunning { kill9() } }
-  }
-
-  /// One subscriber across reconnections: everything it received, and the last id to resume from.
-  final class Reader {
-    var lastID: String?
-    var messages: [(sseID: UInt64, upstreamID: UInt64)] = []
-    var resets = 0
-    var client: TestSSEClient?
-    private var seen = 0
-
-    func connect(port: Int) throws {
-      client = try TestSSEClient(port: port, headers: lastID.map { [("Last-Event-ID", $0)] } ?? [])
-      seen = 0
-    }
-
-    /// Takes the complete events that arrived (a half-received event at a kill is not one).
-    func collect() {
-      guard let client else { return }
-      let events = client.events
-      for event in events[seen...] {
-        if event.type == "reset" { resets += 1 }
-        if event.hadID && !event.lastEventID.isEmpty { lastID = event.lastEventID }
-        guard event.type == "message", event.hadID, let sseID = UInt64(event.lastEventID),
-          let json = try? RawJSON.parse(event.data), let upstreamID = json["upstream_id"]?.unsignedID
-        else { continue }
-        messages.append((sseID, upstreamID))
-      }
-      seen = events.count
-    }
-
-    func pump(for seconds: Double) {
-      let deadline = MonotonicClock.seconds() + seconds
-      while MonotonicClock.seconds() < deadline, let client, !client.isEOF {
-        _ = try? client.pump(timeout: 0.01)
-        collect()
-      }
-    }
-  }
-
-  static func waitReady(port: Int, timeout: Double) async throws {
-    let deadline = MonotonicClock.seconds() + timeout
-    while MonotonicClock.seconds() < deadline {
-      if let answer = try? httpGet(port: port, "/readyz"), answer.status == 200 { return }
-      try await Task.sleep(for: .milliseconds(20))
-    }
-    throw TestSSEClient.Failure(description: "the relay did not become ready")
-  }
-
   /// The issue's crash test: the fixture takes a steady stream of messages while the relay is `kill -9`ed at
   /// random moments 20 times and restarted on the same file; three subscribers reconnect with their last id each
   /// time. At the end each holds every message the fixture accepted, exactly once, in order, ids increasing.
@@ -101,8 +21,9 @@ import Testing
     var options = LegacyFixture.Options()
     options.linkedUserID = nil
     let fixture = try await LegacyFixture.start(options)
-    var relay = try RelayProcess(fixture: fixture.address, store: store, log: log)
-    try await Self.waitReady(port: relay.port, timeout: 20 * timingFactor)
+    var relay = try RelayProcess(
+      fixture: fixture.address, store: ["--store-kind", "sqlite", "--store-path", store], log: log)
+    try await waitReady(port: relay.port, timeout: 20 * timingFactor)
     let readers = (0..<3).map { _ in Reader() }
     for reader in readers { try reader.connect(port: relay.port) }
     for reader in readers { reader.pump(for: 0.05) }
@@ -132,7 +53,8 @@ import Testing
       relay.kill9()
       kills += 1
       for reader in readers { reader.pump(for: 1) }
-      relay = try RelayProcess(fixture: fixture.address, store: store, log: log)
+      relay = try RelayProcess(
+        fixture: fixture.address, store: ["--store-kind", "sqlite", "--store-path", store], log: log)
     }
     publishing.withLock { $0 = false }
     await publisher.value
@@ -154,24 +76,7 @@ import Testing
         + readers.map { String($0.messages.count) }.joined(separator: ", "))
     #expect(kills >= 20)
     #expect(expected.count > 200, "the fixture took a steady stream")
-    for (index, reader) in readers.enumerated() {
-      let upstreamIDs = reader.messages.map(\.upstreamID)
-      let sseIDs = reader.messages.map(\.sseID)
-      var counts: [UInt64: Int] = [:]
-      for id in upstreamIDs { counts[id, default: 0] += 1 }
-      let duplicated = counts.filter { $0.value > 1 }.keys.sorted()
-      let missing = Set(expected).subtracting(upstreamIDs).sorted()
-      let firstDifference = zip(upstreamIDs, expected).enumerated().first { $0.element.0 != $0.element.1 }?.offset
-      // Compact messages: a failure names the first few ids, not two arrays of thousands.
-      #expect(reader.resets == 0, "subscriber \(index) got a reset")
-      #expect(upstreamIDs.count == expected.count, "subscriber \(index): count")
-      #expect(duplicated.isEmpty, "subscriber \(index): duplicated upstream ids \(duplicated.prefix(10))")
-      #expect(missing.isEmpty, "subscriber \(index): missing upstream ids \(missing.prefix(10))")
-      #expect(firstDifference == nil, "subscriber \(index): out of order from position \(firstDifference ?? -1)")
-      let increasing = zip(sseIDs, sseIDs.dropFirst()).allSatisfy { $0 < $1 }
-      #expect(increasing, "subscriber \(index): SSE ids do not strictly increase")
-      if !duplicated.isEmpty || !missing.isEmpty { Issue.record("relay log: \(relayLog())") }
-    }
+    expectExactlyOnce(readers, expected: expected, log: relayLog)
   }
 
   /// A graceful restart on the same file: the ids go on above the stored head even when the clock went backwards,
@@ -197,7 +102,7 @@ import Testing
     }
 
     var relay = try await startRelay(clock: 5_000_000)
-    try await Self.waitReady(port: relay.port, timeout: 10)
+    try await waitReady(port: relay.port, timeout: 10)
     let live = try TestSSEClient(port: relay.port)
     try live.waitForHead()
     _ = await fixture.append(user: "101", texts: ["a", "b", "c"])
@@ -313,7 +218,7 @@ import Testing
       server: ServerSettings(host: "127.0.0.1", port: 0), feed: FeedSettings(heartbeatInterval: 5),
       logger: Logger(label: "test", level: .critical), store: store,
       upstream: .init(adapter: adapter, settings: UpstreamHarness.fastSettings(), apiKey: "dev-key", seed: 1))
-    try await Self.waitReady(port: relay.port, timeout: 10)
+    try await waitReady(port: relay.port, timeout: 10)
     let client = try TestSSEClient(port: relay.port)
     try client.waitForHead()
     _ = await fixture.append(user: "101", texts: ["a"])

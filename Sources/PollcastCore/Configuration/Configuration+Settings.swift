@@ -39,8 +39,8 @@ extension Configuration {
       "Proxy addresses or CIDR blocks whose X-Forwarded-For is believed; every other sender's is ignored."),
     .string(
       "store.kind", \.store.kind,
-      "Where the ring, ids and upstream cursors live: memory (lost on restart) or sqlite (store.path, survives"
-        + " restarts and kill -9)."),
+      "Where the ring, ids and upstream cursors live: memory (lost on restart), sqlite (store.path, survives"
+        + " restarts and kill -9) or redis (store.redis_url: several nodes share the feed, one polls)."),
     .string("store.path", \.store.path, "store.kind sqlite: the database file (created when missing; WAL beside it)."),
     .string(
       "store.synchronous", \.store.synchronous,
@@ -50,6 +50,18 @@ extension Configuration {
       "store.reset_if_corrupt", \.store.resetIfCorrupt,
       "store.kind sqlite: move a corrupt or foreign file aside (<path>.corrupt-<time>) and start empty, instead of"
         + " exiting 74."),
+    .string(
+      "store.redis_url", \.store.redisURL,
+      "store.kind redis: redis://[:password@]host[:port][/db] or unix:///path/redis.sock[?db=N]."),
+    .string(
+      "store.redis_prefix", \.store.redisPrefix,
+      "store.kind redis: key prefix, so several clusters can share one Redis (<prefix>{<feed>}:events, …)."),
+    .double(
+      "store.lease_seconds", \.store.leaseSeconds,
+      "store.kind redis: the poller lease; a dead leader's feed is taken over within about this time."),
+    .string(
+      "store.node_id", \.store.nodeID,
+      "store.kind redis: this node's name in leases and logs; empty: <host>-<pid>-<random>."),
     .string(
       "auth.mode", \.auth.mode,
       "Who may read what: none (anyone, every stream), jwt (a signed token naming its streams) or upstream (each"

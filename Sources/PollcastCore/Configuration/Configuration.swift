@@ -185,10 +185,18 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var path = ""
     public var synchronous = "normal"
     public var resetIfCorrupt = false
+    public var redisURL = "redis://127.0.0.1:6379"
+    public var redisPrefix = "pollcast"
+    public var leaseSeconds = 5.0
+    public var nodeID = ""
 
     enum CodingKeys: String, CodingKey {
       case kind, path, synchronous
       case resetIfCorrupt = "reset_if_corrupt"
+      case redisURL = "redis_url"
+      case redisPrefix = "redis_prefix"
+      case leaseSeconds = "lease_seconds"
+      case nodeID = "node_id"
     }
   }
 
@@ -488,8 +496,28 @@ extension Configuration {
           "store.kind: sqlite keeps the accounts of the chat adapter (known by user id); with auth.mode upstream the"
             + " generic adapter's accounts (known only by their key) need store.kind memory")
       }
+    case "redis":
+      if case .failure(let problem) = RedisAddress.parse(store.redisURL) {
+        problems.append("store.redis_url: \(problem)")
+      }
+      if store.redisPrefix.isEmpty || store.redisPrefix.contains(where: { "{} ".contains($0) }) {
+        problems.append("store.redis_prefix: \"\(store.redisPrefix)\" must be non-empty, without braces or spaces")
+      }
+      if !(0.2...600).contains(store.leaseSeconds) {
+        problems.append("store.lease_seconds: \(store.leaseSeconds) is not within 0.2-600")
+      }
+      if auth.mode == "upstream" {
+        problems.append(
+          "store.kind: redis relays the shared feed across nodes; per-user relaying (auth.mode upstream) needs"
+            + " store.kind memory or sqlite")
+      }
+      if upstream.idleAfterSeconds > 0 {
+        problems.append(
+          "upstream.idle_after_seconds: with store.kind redis the leader polls for every node's subscribers and"
+            + " cannot idle on its own count; set it to 0")
+      }
     default:
-      problems.append("store.kind: \"\(store.kind)\" is not memory or sqlite")
+      problems.append("store.kind: \"\(store.kind)\" is not memory, sqlite or redis")
     }
     if SQLiteEventStore.Synchronous(rawValue: store.synchronous) == nil {
       problems.append("store.synchronous: \"\(store.synchronous)\" is not normal or full")
@@ -499,6 +527,11 @@ extension Configuration {
 
   /// Opens the store this configuration names (reading and checking a sqlite file).
   public func openStore(logger: Logger) throws(StoreError) -> EventStore {
+    if store.kind == "redis", case .success(let address) = RedisAddress.parse(store.redisURL) {
+      return RedisEventStore(
+        address: address, prefix: store.redisPrefix, nodeID: store.nodeID.isEmpty ? nil : store.nodeID,
+        commandTimeout: max(1, store.leaseSeconds), logger: logger)
+    }
     guard store.kind == "sqlite" else { return MemoryEventStore() }
     return try SQLiteEventStore.open(
       path: store.path, synchronous: SQLiteEventStore.Synchronous(rawValue: store.synchronous) ?? .normal,

@@ -171,7 +171,8 @@ public actor Feed {
       feed: storeKey,
       events: (batch?.events ?? []).map {
         StoredEvent(
-          id: $0.id, stream: $0.stream, upstreamID: $0.upstreamID, unixTime: $0.unixTime, bytes: $0.entry.slice)
+          id: $0.id, stream: $0.stream, upstreamID: $0.upstreamID, unixTime: $0.unixTime, bytes: $0.entry.slice,
+          type: $0.type)
       },
       position: position, headID: ids.head, floorID: ring.floorID, forgetStreams: forget)
     do {
@@ -202,6 +203,7 @@ public actor Feed {
     var entry: ReplayRing.Entry
     var upstreamID: UInt64?
     var unixTime: Double
+    var type: String?
   }
 
   /// A batch with its ids given and its bytes encoded in one block, not yet visible.
@@ -236,14 +238,22 @@ public actor Feed {
       let entry = ReplayRing.Entry(
         id: assigned[index], stream: event.stream,
         slice: ByteSlice(block: block, offset: bounds[index].offset, count: bounds[index].count), time: now)
-      batch.append(PreparedEvent(entry: entry, upstreamID: event.upstreamID, unixTime: unixNow))
+      batch.append(PreparedEvent(entry: entry, upstreamID: event.upstreamID, unixTime: unixNow, type: event.type))
     }
     return PreparedBatch(events: batch, whole: batchBytes)
   }
 
   /// Makes a prepared batch visible: into the ring, then to every live subscriber.
   private func reveal(_ prepared: PreparedBatch) {
-    let batch = prepared.events
+    // With a shared store (`redis`), a node that stepped down follows the stream from its visible head, and a
+    // commit it made just before may come back that way too: whichever shows an id first wins.
+    guard let newest = prepared.events.last?.id, newest > visibleHead else { return }
+    let batch = prepared.events.filter { $0.id > visibleHead }
+    guard batch.count == prepared.events.count else {
+      followed(
+        batch.map { StoredEvent(id: $0.id, stream: $0.stream, upstreamID: nil, unixTime: 0, bytes: $0.entry.slice) })
+      return
+    }
     let now = MonotonicClock.seconds()
     var entries: [ReplayRing.Entry] = []
     entries.reserveCapacity(batch.count)
@@ -259,6 +269,68 @@ public actor Feed {
     ring.evictExpired(now: now)
     writeTime = now
     fanOut(entries, whole: prepared.whole)
+  }
+
+  // MARK: Following a shared store (`store.kind = redis`)
+
+  /// Shows events another node committed (read from the shared stream), in order: into the ring, then to every
+  /// live subscriber, with their ids as stored. Ids at or below the visible head are already here and skipped.
+  /// A `stream-detached` notice drops its stream's events from the ring first, as on the node that wrote it.
+  public func follow(_ events: [StoredEvent]) {
+    followed(events)
+  }
+
+  private func followed(_ events: [StoredEvent]) {
+    let fresh = events.filter { $0.id > visibleHead }
+    guard !fresh.isEmpty else { return }
+    let now = MonotonicClock.seconds()
+    var entries: [ReplayRing.Entry] = []
+    entries.reserveCapacity(fresh.count)
+    let whole = BroadcastBytes { bytes in
+      for event in fresh {
+        let slice = event.bytes
+        bytes.append(contentsOf: UnsafeRawBufferPointer(start: slice.block.base + slice.offset, count: slice.count))
+      }
+    }
+    var offset = whole.payload.offset
+    for event in fresh {
+      if event.type == "stream-detached", let stream = event.stream { ring.removeAll(stream: stream) }
+      let entry = ReplayRing.Entry(
+        id: event.id, stream: event.stream,
+        slice: ByteSlice(block: whole.payload.block, offset: offset, count: event.bytes.count), time: now)
+      offset += event.bytes.count
+      entries.append(entry)
+      ring.append(entry)
+      stats.eventsPublished += 1
+      if let stream = event.stream { stats.eventsPublishedByStream[stream, default: 0] += 1 }
+    }
+    visibleHead = fresh[fresh.count - 1].id
+    if ids.head < visibleHead { ids = EventIDAllocator(startMicroseconds: 0, persistedAtLeast: visibleHead) }
+    ring.evictExpired(now: now)
+    writeTime = now
+    fanOut(entries, whole: whole)
+  }
+
+  /// This node starts writing the feed (it took the lease): ids go on above `storedHead` and what this node
+  /// shows, and above its clock (the same rule as a restart).
+  public func lead(storedHead: UInt64) {
+    let above = max(storedHead, visibleHead, ids.head)
+    ids = EventIDAllocator(startMicroseconds: EventIDAllocator.nowMicroseconds(), persistedAtLeast: above)
+  }
+
+  /// The shared stream was trimmed past what this node shows (it could not follow for a while): what lies
+  /// between is gone. The ring restarts at `floor`, and every stream ends so its client reconnects with its
+  /// Last-Event-ID and gets the `reset` the resume rules give for an id that is too old.
+  @discardableResult
+  public func skip(to floor: UInt64) -> Int {
+    guard floor > visibleHead else { return 0 }
+    ring = ReplayRing(limits: settings.ring, floorID: floor)
+    visibleHead = floor
+    if ids.head < floor { ids = EventIDAllocator(startMicroseconds: 0, persistedAtLeast: floor) }
+    let ending = subscribers
+    let notice = ByteSlice(SSEEncoder.comment("events were trimmed before this node could follow them: reconnect"))
+    for subscriber in ending where !subscriber.isClosed { end(subscriber, with: notice) }
+    return ending.count
   }
 
   /// Broadcasts an `upstream` status event (no id; not replayed) and remembers it for new subscribers.

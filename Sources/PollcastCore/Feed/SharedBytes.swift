@@ -35,6 +35,9 @@ public struct ByteSlice: Sendable {
     self.init(block: SharedBytes(bytes), offset: 0, count: bytes.count)
   }
 
+  /// A copy of the bytes.
+  public var bytes: [UInt8] { Array(UnsafeRawBufferPointer(start: block.base + offset, count: count)) }
+
   /// Whether `next` continues this slice in the same block, so both can go out as one reference.
   func isFollowed(by next: ByteSlice) -> Bool {
     next.block === block && next.offset == offset + count

@@ -166,6 +166,30 @@ public enum Metrics {
       histogram(
         "pollcast_store_commit_seconds", "From handing a batch to the store's writer until it is durable.",
         store.commitSeconds)
+      if let connected = store.connected {
+        one("pollcast_redis_connected", "gauge", "1 while the Redis command connection is up.", connected ? 1 : 0)
+      }
+      if let role = store.role {
+        metric(
+          "pollcast_redis_role", "gauge", "1 for this node's role for the shared feed (leader polls, follower reads).",
+          [("{role=\(JSONText.quoted(role))}", "1")])
+      }
+      if let replication = store.replication {
+        one(
+          "pollcast_redis_lease_acquisitions_total", "counter", "Times this node took the feed's lease and polled.",
+          replication.leaseAcquisitions)
+        one(
+          "pollcast_redis_lease_losses_total", "counter",
+          "Times this node stopped leading (lease lost or not renewed).",
+          replication.leaseLosses)
+        one(
+          "pollcast_redis_followed_events_total", "counter", "Events read from the shared stream and fanned out here.",
+          replication.followedEvents)
+        one(
+          "pollcast_redis_gaps_total", "counter",
+          "Times the stream was trimmed past this node's head before it could read (its streams were ended).",
+          replication.gaps)
+      }
     }
     guard let upstream else { return out }
     metric(

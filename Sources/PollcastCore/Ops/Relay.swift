@@ -7,6 +7,9 @@ public final class Relay: Sendable {
   public let feed: Feed
   public let server: SSEServer
   public let worker: UpstreamWorker?
+  /// `store.kind = redis`: this node's part in the cluster (it leads the shared feed and runs `worker`, or
+  /// follows it).
+  public let replica: FeedReplica?
   /// `auth.mode = upstream`: one feed and loop per account (the shared feed then stays empty).
   public var hub: AccountHub? { server.hub }
   /// `host:port` the server listens on.
@@ -38,9 +41,10 @@ public final class Relay: Sendable {
   }
 
   private init(
-    loop: EventLoop, feed: Feed, server: SSEServer, worker: UpstreamWorker?, address: String, logger: Logger,
-    lagProbe: LoopLagProbe, shutdownSpread: Double
+    loop: EventLoop, feed: Feed, server: SSEServer, worker: UpstreamWorker?, replica: FeedReplica?, address: String,
+    logger: Logger, lagProbe: LoopLagProbe, shutdownSpread: Double
   ) {
+    self.replica = replica
     self.lagProbe = lagProbe
     self.shutdownSpread = shutdownSpread
     self.loop = loop
@@ -58,11 +62,17 @@ public final class Relay: Sendable {
   public static func start(
     server serverSettings: ServerSettings, feed feedSettings: FeedSettings, logger: Logger,
     ids: EventIDAllocator = EventIDAllocator(), store: EventStore = MemoryEventStore(), upstream: Upstream? = nil,
-    accounts: (upstream: AccountHub.Upstream, settings: AccountHub.Settings)? = nil, shutdownSpread: Double = 0
+    accounts: (upstream: AccountHub.Upstream, settings: AccountHub.Settings)? = nil, shutdownSpread: Double = 0,
+    leaseSeconds: Double = 5
   ) async throws -> Relay {
     let restored = try store.load(feed: "shared")
+    let shared = store as? RedisEventStore
     var ids = ids
-    if let restored, ids.head < restored.headID {
+    if shared != nil {
+      // A node of a cluster shows what the stream holds and follows on from its head; ids of its own come only
+      // once it leads the feed (`Feed.lead`), above the stored head.
+      ids = EventIDAllocator(startMicroseconds: 0, persistedAtLeast: restored?.headID ?? 0)
+    } else if let restored, ids.head < restored.headID {
       // Above the stored head even when the clock went backwards: ids are never reused.
       ids = EventIDAllocator(startMicroseconds: ids.head + 1, persistedAtLeast: restored.headID)
     }
@@ -80,14 +90,19 @@ public final class Relay: Sendable {
     let loop = try EventLoop()
     loop.start()
     let lagProbe = await loop.submit { LoopLagProbe(loop: loop) }
+    if let shared { await loop.submit { shared.attach(to: loop) } }
     let feed = Feed(loop: loop, settings: feedSettings, ids: ids, store: store, restored: restored)
     await feed.start()
     var worker: UpstreamWorker?
     if let upstream {
       worker = try await makeWorker(loop: loop, feed: feed, upstream: upstream, logger: logger)
-      if let restored, let position = restored.position {
+      if shared == nil, let restored, let position = restored.position {
         await worker?.restore(position, events: restored.events)
       }
+    }
+    let replica = shared.map {
+      FeedReplica(
+        store: $0, feed: feed, worker: worker, leaseSeconds: leaseSeconds, logger: logger, restored: restored)
     }
     var hub: AccountHub?
     if let accounts {
@@ -105,16 +120,24 @@ public final class Relay: Sendable {
     await server.addRoute("/healthz", .init { (200, "application/json", "{\"status\":\"ok\"}\n") })
     await server.addRoute(
       "/readyz",
-      .init { [worker, hub] in
+      .init { [worker, hub, replica] in
         var (ready, reason) = worker?.assumeIsolated { $0.readiness() } ?? (true, "no upstream configured")
+        if let replica { (ready, reason) = replica.assumeIsolated { $0.readiness() } }
         if let hub { (ready, reason) = hub.assumeIsolated { $0.readiness() } }
         let body = JSONText.object(["ready": ready ? "true" : "false", "reason": JSONText.quoted(reason)]) + "\n"
         return (ready ? 200 : 503, "application/json", body)
       })
     await server.addRoute(
       "/metrics",
-      .init { [feed, worker, lagProbe, hub, weak server] in
+      .init { [feed, worker, lagProbe, hub, replica, weak server] in
         let stats = feed.assumeIsolated { $0.statistics() }
+        var store = feed.store.statistics()
+        if let replica {
+          replica.assumeIsolated { replica in
+            store.replication = replica.statistics
+            store.role = replica.role.rawValue
+          }
+        }
         let upstream = worker?.assumeIsolated { $0.snapshot() }
         let accounts = hub?.assumeIsolated { $0.statistics() }
         let protection = server?.assumeIsolated { $0.protectionCounters }
@@ -122,7 +145,7 @@ public final class Relay: Sendable {
           200, "text/plain; version=0.0.4; charset=utf-8",
           Metrics.render(
             stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag), protection: protection,
-            accounts: accounts, store: feed.store.statistics())
+            accounts: accounts, store: store)
         )
       })
     let address: String
@@ -130,14 +153,18 @@ public final class Relay: Sendable {
       address = try await server.start()
     } catch {
       await worker?.stop()
-      loop.stop()
       store.close()
+      loop.stop()
       throw error
     }
-    await worker?.start()
+    if let replica {
+      await replica.start()
+    } else {
+      await worker?.start()
+    }
     return Relay(
-      loop: loop, feed: feed, server: server, worker: worker, address: address, logger: logger, lagProbe: lagProbe,
-      shutdownSpread: shutdownSpread)
+      loop: loop, feed: feed, server: server, worker: worker, replica: replica, address: address, logger: logger,
+      lagProbe: lagProbe, shutdownSpread: shutdownSpread)
   }
 
   private static func makeWorker(loop: EventLoop, feed: Feed, upstream: Upstream, logger: Logger) async throws
@@ -177,7 +204,8 @@ public final class Relay: Sendable {
     do {
       return try await start(
         server: server, feed: configuration.feedSettings, logger: configuration.logger, store: store,
-        upstream: upstream, accounts: accounts, shutdownSpread: configuration.server.shutdownSpreadSeconds)
+        upstream: upstream, accounts: accounts, shutdownSpread: configuration.server.shutdownSpreadSeconds,
+        leaseSeconds: configuration.store.leaseSeconds)
     } catch {
       store.close()
       throw error
@@ -190,10 +218,16 @@ public final class Relay: Sendable {
   /// Stops the upstream worker, stops accepting, ends every stream, stops the loop. Idempotent.
   public func shutdown(deadline: Double = 5) async {
     await worker?.stop()
+    if let replica {
+      await replica.stop()
+      // The lease goes at once (another node takes over while this one ends its streams), and Redis's
+      // connections close while the loop that drives them still runs.
+      feed.store.close()
+    }
     await server.shutdown(deadline: max(deadline, shutdownSpread + 1), spread: shutdownSpread)
     await loop.submit { [lagProbe] in lagProbe.stop() }
     loop.stop()
     // Every commit given before the worker stopped is waited for; the WAL is folded into the file.
-    feed.store.close()
+    if replica == nil { feed.store.close() }
   }
 }

@@ -9,6 +9,8 @@ import Foundation
 ///
 /// - `MemoryEventStore`: nothing survives (the default); commits complete at once.
 /// - `SQLiteEventStore`: one SQLite file in WAL mode, written by its own thread.
+/// - `RedisEventStore`: one Redis Stream per feed, shared by several relays; one of them (the lease holder)
+///   commits, the others follow the stream (`FeedReplica`).
 public protocol EventStore: AnyObject, Sendable {
   /// `memory`, `sqlite`: for logs and metrics.
   var kind: String { get }
@@ -51,13 +53,18 @@ public struct StoredEvent: Sendable {
   public var upstreamID: UInt64?
   public var unixTime: Double
   public var bytes: ByteSlice
+  /// The SSE event type (nil: `message`); followers act on `stream-detached` (kept by `store.kind = redis`).
+  public var type: String?
 
-  public init(id: UInt64, stream: String?, upstreamID: UInt64?, unixTime: Double, bytes: ByteSlice) {
+  public init(
+    id: UInt64, stream: String?, upstreamID: UInt64?, unixTime: Double, bytes: ByteSlice, type: String? = nil
+  ) {
     self.id = id
     self.stream = stream
     self.upstreamID = upstreamID
     self.unixTime = unixTime
     self.bytes = bytes
+    self.type = type
   }
 }
 
@@ -116,6 +123,10 @@ public struct StoreStatistics: Sendable {
   /// Bytes of the database and WAL files at the last checkpoint.
   public var fileBytes = 0
   public var walBytes = 0
+  /// `store.kind = redis`: this node's role for the shared feed and what following and leading cost.
+  public var role: String?
+  public var connected: Bool?
+  public var replication: FeedReplica.Statistics?
 
   public init(kind: String = "memory") { self.kind = kind }
 }
@@ -130,6 +141,8 @@ public struct StoreError: Error, CustomStringConvertible, Sendable, Equatable {
     /// A write failed (disk full, I/O error): the batch was not committed.
     case write
     case closed
+    /// `store.kind = redis`: this node does not hold the feed's lease (any more), so it may not write.
+    case fenced
   }
 
   public var kind: Kind

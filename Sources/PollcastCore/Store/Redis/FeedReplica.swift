@@ -1,0 +1,341 @@
+import Foundation
+
+/// One feed's part in a cluster on `store.kind = redis`: either this node leads it (holds the lease, runs the
+/// upstream loop, commits) or it follows the feed's stream (blocking reads) and fans out what the leader wrote.
+///
+/// - Every `leaseSeconds / 4` the node renews its lease, or tries to take it when nobody holds it. A leader whose
+///   renewal has not succeeded steps down (stops polling) at `0.8 × leaseSeconds` after it sent its last
+///   successful renewal, before Redis can let the lease expire, so two nodes never poll at once; the commit
+///   script's fencing catches anything that still arrives late.
+/// - Taking over: read the stream from this node's head to its end (chunks), read the stored head and cursors,
+///   renew once more, then let commits through, allocate ids above the stored head and poll on from the cursor.
+/// - Following: `XREAD BLOCK` from this node's head on the reader connection, re-issued after each answer. Once
+///   the connection is back after a loss, a stored floor above the head means events were trimmed before this
+///   node read them: its streams end, and their clients get the resume rules' `reset`.
+public actor FeedReplica {
+  public enum Role: String, Sendable { case follower, leader, stopped }
+
+  public nonisolated let loop: EventLoop
+  public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+  let store: RedisEventStore
+  let feed: Feed
+  let worker: UpstreamWorker?
+  let leaseSeconds: Double
+  let logger: Logger
+
+  public private(set) var role: Role = .follower
+  private var token: String?
+  private var leader: String?
+  /// When this node's lease may have expired in Redis (monotonic, counted from the renewal's send time).
+  private var deadline = 0.0
+  private var leaseTimer: LoopTimer?
+  private var deadlineTimer: LoopTimer?
+  private var takingOver = false
+  private var reading = false
+  private var readerChecked = false
+  private var lastError: String?
+  /// Upstream ids of the latest events (no bytes): a new leader recognises an upstream resending them.
+  private var recent: [StoredEvent] = []
+  private var status: String?
+  public private(set) var statistics = Statistics()
+
+  public struct Statistics: Sendable {
+    public var leaseAcquisitions = 0
+    public var leaseLosses = 0
+    public var followedEvents = 0
+    public var gaps = 0
+    /// Seconds from the takeover's first lease answer until this node polled (catch-up included).
+    public var lastTakeoverSeconds = 0.0
+  }
+
+  public init(
+    store: RedisEventStore, feed: Feed, worker: UpstreamWorker?, leaseSeconds: Double, logger: Logger,
+    restored: StoredFeed?
+  ) {
+    self.loop = feed.loop
+    self.store = store
+    self.feed = feed
+    self.worker = worker
+    self.leaseSeconds = leaseSeconds
+    self.logger = logger
+    self.recent = FeedReplica.remembered(restored?.events ?? [], after: [])
+  }
+
+  public var feedName: String { feed.storeKey }
+
+  public func start() {
+    guard leaseTimer == nil, role != .stopped else { return }
+    store.observe { [weak self] in self?.assumeIsolated { $0.connectionChanged() } }
+    store.observeFencing { [weak self] feed in
+      self?.assumeIsolated { replica in
+        guard feed == replica.feedName, replica.role == .leader else { return }
+        replica.stepDown("a commit was refused: this node no longer holds the lease")
+        replica.tick()
+      }
+    }
+    let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in self?.assumeIsolated { $0.tick() } }
+    timer.schedule(after: leaseSeconds / 4)
+    leaseTimer = timer
+    setStatus()
+    tick()
+    follow()
+  }
+
+  /// Stops polling and following (shutdown). The lease is released by the store's `close()`.
+  public func stop() {
+    if role == .leader { worker?.assumeIsolated { $0.stop() } }
+    role = .stopped
+    leaseTimer = nil
+    deadlineTimer = nil
+  }
+
+  // MARK: The lease
+
+  private func tick() {
+    guard role != .stopped, !takingOver else { return }
+    let sent = MonotonicClock.seconds()
+    store.lease(feed: feedName, token: token, milliseconds: Int(leaseSeconds * 1000)) { [weak self] answer in
+      self?.assumeIsolated { $0.answered(answer, sent: sent) }
+    }
+  }
+
+  private func answered(_ answer: RedisEventStore.LeaseAnswer, sent: Double) {
+    guard role != .stopped, !takingOver else { return }
+    switch answer {
+    case .held(let held, let fresh):
+      lastError = nil
+      if role == .leader && held == token && !fresh {
+        extend(from: sent)
+      } else {
+        // Taken now (or again, after ours expired and somebody may have written meanwhile): catch up first.
+        if role == .leader { stepDown("the lease expired before it was renewed") }
+        takeOver(held, sent: sent)
+      }
+    case .heldBy(let holder):
+      lastError = nil
+      let node = holder.split(separator: "/").dropLast().joined(separator: "/")
+      if leader != node {
+        leader = node
+        setStatus()
+      }
+      if role == .leader { stepDown("the lease is held by \(holder)") }
+    case .failed(let error):
+      lastError = error
+      setStatus()
+    }
+  }
+
+  private func extend(from sent: Double) {
+    deadline = sent + leaseSeconds * 0.8
+    let timer = LoopTimer(loop: loop) { [weak self] in self?.assumeIsolated { $0.deadlinePassed() } }
+    timer.schedule(after: max(0, deadline - MonotonicClock.seconds()))
+    deadlineTimer = timer
+  }
+
+  private func deadlinePassed() {
+    guard role == .leader, MonotonicClock.seconds() >= deadline else { return }
+    stepDown("the lease could not be renewed in time (\(lastError ?? "no answer"))")
+  }
+
+  private func takeOver(_ newToken: String, sent: Double) {
+    takingOver = true
+    takeover = (newToken, MonotonicClock.seconds())
+    logger.info("lease taken: catching up before polling", metadata: ["feed": feedName, "lease": newToken])
+    catchUp()
+  }
+
+  /// The lease this node took and is catching up under, and when it took it.
+  private var takeover: (token: String, started: Double)?
+
+  /// Reads the stream from this node's head to its end (in chunks), then the stored head and position.
+  private func catchUp() {
+    store.read(feed: feedName, after: feed.assumeIsolated { $0.headID }) { [weak self] result in
+      self?.assumeIsolated { replica in
+        switch result {
+        case .failure(let error): replica.caughtUp(.failure(error))
+        case .success(let events):
+          replica.show(events)
+          if events.count == RedisEventStore.chunk {
+            replica.catchUp()
+          } else {
+            replica.store.meta(feed: replica.feedName) { [weak replica] result in
+              replica?.assumeIsolated { $0.caughtUp(result) }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  private func caughtUp(_ result: Result<StoredFeed, StoreError>) {
+    guard role != .stopped, let (newToken, started) = takeover else { return }
+    switch result {
+    case .failure(let error):
+      takingOver = false
+      takeover = nil
+      lastError = error.description
+      logger.warning("takeover abandoned", metadata: ["feed": feedName, "error": error.description])
+    case .success(let stored):
+      // Renew once more: the catch-up may have taken a while, and polling starts only under a fresh lease.
+      let renewal = MonotonicClock.seconds()
+      store.lease(feed: feedName, token: newToken, milliseconds: Int(leaseSeconds * 1000)) { [weak self] answer in
+        self?.assumeIsolated { replica in
+          replica.takingOver = false
+          replica.takeover = nil
+          guard replica.role != .stopped else { return }
+          guard answer == .held(token: newToken, fresh: false) else {
+            replica.logger.warning("takeover abandoned: the lease did not hold", metadata: ["answer": "\(answer)"])
+            return
+          }
+          replica.lead(newToken, stored: stored, renewed: renewal, started: started)
+        }
+      }
+    }
+  }
+
+  private func lead(_ newToken: String, stored: StoredFeed, renewed: Double, started: Double) {
+    token = newToken
+    leader = store.nodeID
+    role = .leader
+    statistics.leaseAcquisitions += 1
+    extend(from: renewed)
+    store.setToken(newToken, feed: feedName)
+    feed.assumeIsolated { $0.lead(storedHead: stored.headID) }
+    statistics.lastTakeoverSeconds = MonotonicClock.seconds() - started
+    logger.info(
+      "leading the feed: polling upstream",
+      metadata: [
+        "feed": feedName, "lease": newToken, "stored_head": String(stored.headID),
+        "catch_up_ms": String(Int(statistics.lastTakeoverSeconds * 1000)),
+      ])
+    guard let worker else { return }
+    let recent = recent
+    worker.assumeIsolated { worker in
+      if let position = stored.position { worker.restore(position, events: recent) }
+      worker.start()
+    }
+  }
+
+  private func stepDown(_ reason: String) {
+    guard role == .leader else { return }
+    worker?.assumeIsolated { $0.stop() }
+    store.setToken(nil, feed: feedName)
+    token = nil
+    role = .follower
+    statistics.leaseLosses += 1
+    logger.warning("stopped leading the feed: following it", metadata: ["feed": feedName, "reason": reason])
+    setStatus()
+    follow()
+  }
+
+  // MARK: Following
+
+  private func connectionChanged() {
+    if !store.readerConnected { readerChecked = false }
+    setStatus()
+    if store.connection.connected && role == .follower && !takingOver { tick() }
+    follow()
+  }
+
+  private func follow() {
+    guard role == .follower, !reading, store.readerConnected, store.connection.connected else { return }
+    reading = true
+    guard readerChecked else {
+      // After a (re)connection: were events trimmed before this node read them?
+      store.meta(feed: feedName) { [weak self] result in
+        self?.assumeIsolated { replica in
+          replica.reading = false
+          guard case .success(let stored) = result else { return }
+          let head = replica.feed.assumeIsolated { $0.headID }
+          if stored.floorID > head {
+            replica.statistics.gaps += 1
+            let ended = replica.feed.assumeIsolated { $0.skip(to: stored.floorID) }
+            replica.logger.warning(
+              "the shared stream was trimmed past this node's head: streams ended, clients get a reset",
+              metadata: ["head": String(head), "floor": String(stored.floorID), "streams_ended": String(ended)])
+          }
+          replica.readerChecked = true
+          replica.follow()
+        }
+      }
+      return
+    }
+    store.follow(feed: feedName, after: feed.assumeIsolated { $0.headID }) { [weak self] result in
+      self?.assumeIsolated { replica in
+        replica.reading = false
+        switch result {
+        case .success(let events):
+          replica.show(events)
+          replica.follow()
+        case .failure(let error):
+          replica.lastError = error.description
+          if error.kind == .corrupt {
+            replica.logger.error("the shared stream holds an unreadable entry", metadata: ["error": error.description])
+          }
+        }
+      }
+    }
+  }
+
+  private func show(_ events: [StoredEvent]) {
+    guard !events.isEmpty else { return }
+    statistics.followedEvents += events.count
+    feed.assumeIsolated { $0.follow(events) }
+    remember(events)
+  }
+
+  private func remember(_ events: [StoredEvent]) {
+    recent = FeedReplica.remembered(events, after: recent)
+  }
+
+  private static let empty = ByteSlice([])
+
+  private static func remembered(_ events: [StoredEvent], after recent: [StoredEvent]) -> [StoredEvent] {
+    var recent = recent
+    for event in events.suffix(512) where event.upstreamID != nil {
+      recent.append(
+        StoredEvent(id: event.id, stream: event.stream, upstreamID: event.upstreamID, unixTime: 0, bytes: empty))
+    }
+    if recent.count > 1024 { recent.removeFirst(recent.count - 512) }
+    return recent
+  }
+
+  // MARK: Status
+
+  /// Followers say in the `upstream` status event who polls for them, or that Redis is unreachable (the leader's
+  /// worker publishes its own states).
+  private func setStatus() {
+    guard role == .follower else { return }
+    let data: String
+    if !store.connection.connected {
+      data = JSONText.object([
+        "state": JSONText.quoted("backoff"), "reason": JSONText.quoted("store"), "role": JSONText.quoted("follower"),
+        "error": JSONText.quoted("redis unreachable: \(store.connection.error ?? "connecting")"),
+      ])
+    } else {
+      data = JSONText.object([
+        "state": JSONText.quoted("following"), "role": JSONText.quoted("follower"),
+        "leader": JSONText.quoted(leader ?? "none yet"),
+      ])
+    }
+    guard data != status else { return }
+    status = data
+    feed.assumeIsolated { $0.publishStatus(data) }
+  }
+
+  /// `/readyz`: a follower is ready while it reads the stream; a leader while its upstream loop is healthy.
+  public func readiness() -> (ready: Bool, reason: String) {
+    let connection = store.connection
+    guard connection.connected else { return (false, "redis unreachable: \(connection.error ?? "connecting")") }
+    switch role {
+    case .leader:
+      let (ready, reason) = worker?.assumeIsolated { $0.readiness() } ?? (true, "no upstream configured")
+      return (ready, "leader: \(reason)")
+    case .follower:
+      guard store.readerConnected else { return (false, "redis reader connection down") }
+      return (true, "following \(leader ?? "the feed (no leader yet)")")
+    case .stopped:
+      return (false, "stopped")
+    }
+  }
+}

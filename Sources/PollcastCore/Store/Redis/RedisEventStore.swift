@@ -1,0 +1,668 @@
+import CHiredis
+import Foundation
+
+/// `store.kind = redis`: several relays share one Redis. Each feed is one Redis Stream whose entry ids are the
+/// Pollcast ids (`<id>-0`), so ids are the same on every node and a client resumes on any of them.
+///
+/// Per feed (`<prefix>{<feed>}:…`, one hash tag so a Redis Cluster keeps a feed's keys on one shard):
+/// - `events`: the stream, fields `d` (the encoded SSE bytes), `t` (Unix time), `s` (stream), `u` (upstream id),
+///   `k` (event type); trimmed (`XTRIM MINID`) to what the leader's ring keeps;
+/// - `meta`: a hash with `head` (the highest id handed out), `floor` (the trim point) and `position` (the
+///   upstream streams and cursors, JSON);
+/// - `lease` and `epoch`: the poller lease, `<node>/<epoch>` with an expiry; `epoch` only grows.
+///
+/// A commit is one Lua script: it checks that the lease still holds this node's token (fencing: a node whose
+/// lease expired or was taken cannot write, however late its poll completes), that the first id is above the
+/// stored head, then adds the events, moves the head, trims, and stores the position. Redis runs a script
+/// atomically, and it checks everything before its first write, so a commit lands whole or not at all.
+///
+/// Two hiredis connections on the relay's event loop: `command` (commits, leases, reads) and `reader` (the
+/// followers' blocking `XREAD`, which would hold up the commands behind it). Both reconnect with full-jitter
+/// backoff. A commit whose reply was lost with the connection is *in doubt*: its completion waits until the
+/// connection is back and the stored head tells whether it landed.
+public final class RedisEventStore: EventStore, @unchecked Sendable {
+  public let address: RedisAddress
+  public let prefix: String
+  /// This process's name in leases (`<host>-<pid>-<random>`): a restarted node never mistakes an old lease for
+  /// its own.
+  public let nodeID: String
+  /// Seconds a command may wait for its reply before the connection is dropped (a hung Redis), and the time
+  /// budget of the sync load at start.
+  public let commandTimeout: Double
+  let logger: Logger
+
+  public var kind: String { "redis" }
+  public var isDurable: Bool { true }
+
+  // Loop-confined from `attach(to:)` on.
+  private(set) var loop: EventLoop?
+  private var command: RedisConnection?
+  private var reader: RedisConnection?
+  private var tokens: [String: String] = [:]
+  private var inDoubt: [(batch: StoreBatch, completion: @Sendable (Result<Void, StoreError>) -> Void)] = []
+  private var backoff = [String: Backoff]()
+  private var random = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
+  private var reconnectTimers: [String: LoopTimer] = [:]
+  private var watchdog: LoopTimer?
+  private var closed = false
+  private var observers: [() -> Void] = []
+  private let stats = Locked(StoreStatistics(kind: "redis"))
+  private let health = Locked<(connected: Bool, error: String?)>((false, nil))
+
+  public init(
+    address: RedisAddress, prefix: String = "pollcast", nodeID: String? = nil, commandTimeout: Double = 5,
+    logger: Logger
+  ) {
+    self.address = address
+    self.prefix = prefix
+    self.nodeID = nodeID ?? RedisEventStore.defaultNodeID()
+    self.commandTimeout = commandTimeout
+    self.logger = logger
+  }
+
+  static func defaultNodeID() -> String {
+    let host = ProcessInfo.processInfo.hostName.split(separator: ".").first.map(String.init) ?? "node"
+    return "\(host)-\(getpid())-\(String(UInt32.random(in: 0...UInt32.max), radix: 36))"
+  }
+
+  func key(_ feed: String, _ part: String) -> String { "\(prefix){\(feed)}:\(part)" }
+
+  // MARK: Connections
+
+  /// Connects both connections on `loop` (called once, on the loop, before anything is committed or followed).
+  func attach(to loop: EventLoop) {
+    loop.checkIsolated()
+    guard self.loop == nil else { return }
+    self.loop = loop
+    let command = RedisConnection(loop: loop, address: address, name: "command")
+    let reader = RedisConnection(loop: loop, address: address, name: "reader")
+    self.command = command
+    self.reader = reader
+    for connection in [command, reader] {
+      connection.onConnected = { [weak self, weak connection] in
+        guard let self, let connection else { return }
+        self.connected(connection)
+      }
+      connection.onDown = { [weak self, weak connection] reason in
+        guard let self, let connection else { return }
+        self.lost(connection, reason: reason)
+      }
+      open(connection)
+    }
+    let watchdog = LoopTimer(loop: loop, repeating: true) { [weak self] in self?.checkHung() }
+    watchdog.schedule(after: max(0.05, min(1, commandTimeout / 4)))
+    self.watchdog = watchdog
+  }
+
+  private func open(_ connection: RedisConnection) {
+    guard !closed else { return }
+    if let error = connection.connect() { lost(connection, reason: error) }
+  }
+
+  private func connected(_ connection: RedisConnection) {
+    backoff[connection.name] = nil
+    if connection === command {
+      health.withLock { $0 = (true, nil) }
+      logger.info("redis connected", metadata: ["redis": address.description, "node": nodeID])
+      resolveInDoubt()
+    }
+    notify()
+  }
+
+  private func lost(_ connection: RedisConnection, reason: String) {
+    if connection === command {
+      let wasConnected = health.withLock { state -> Bool in
+        defer { state = (false, reason) }
+        return state.connected
+      }
+      if wasConnected { logger.warning("redis connection lost", metadata: ["error": reason]) }
+    }
+    notify()
+    guard !closed, let loop else { return }
+    var schedule = backoff[connection.name] ?? Backoff(base: 0.1, cap: 2)
+    let delay = schedule.nextDelay(using: &random)
+    backoff[connection.name] = schedule
+    let timer = LoopTimer(loop: loop) { [weak self, weak connection] in
+      guard let self, let connection else { return }
+      self.reconnectTimers[connection.name] = nil
+      self.open(connection)
+    }
+    timer.schedule(after: delay)
+    reconnectTimers[connection.name] = timer
+  }
+
+  /// Drops a connection whose oldest command waited past the timeout (a Redis that hangs): its commands fail or
+  /// go in doubt, and the connection is made again.
+  private func checkHung() {
+    if let command, command.isConnected, command.oldestWait > commandTimeout {
+      command.disconnect(reason: "no reply for \(Int(commandTimeout)) s")
+    }
+    if let reader, reader.isConnected, reader.oldestWait > commandTimeout + RedisEventStore.blockSeconds {
+      reader.disconnect(reason: "no reply for \(Int(commandTimeout + RedisEventStore.blockSeconds)) s")
+    }
+  }
+
+  /// Calls `observer` on the loop whenever a connection comes up or goes down.
+  func observe(_ observer: @escaping () -> Void) { observers.append(observer) }
+
+  private func notify() { for observer in observers { observer() } }
+
+  /// Calls `observer` on the loop with the feed whose commit was refused because this node may not write it.
+  func observeFencing(_ observer: @escaping (String) -> Void) { fencedObservers.append(observer) }
+  private var fencedObservers: [(String) -> Void] = []
+
+  /// Whether the command connection is up, and the last error while it is not.
+  public var connection: (connected: Bool, error: String?) { health.withLock { $0 } }
+  var readerConnected: Bool { reader?.isConnected ?? false }
+
+  // MARK: EventStore
+
+  public func load(feed: String) throws(StoreError) -> StoredFeed? {
+    let client = try RedisSyncClient(address: address, timeout: commandTimeout)
+    defer { client.close() }
+    let meta = try client.run(["HMGET", key(feed, "meta"), "head", "floor", "position"])
+    guard let fields = meta.elements, fields.count == 3 else { throw unexpected(meta) }
+    let head = fields[0].text.flatMap { UInt64($0) }
+    let floor = fields[1].text.flatMap { UInt64($0) } ?? 0
+    var position: FeedPosition?
+    if let text = fields[2].text {
+      guard let decoded = RedisEventStore.decodePosition(text) else {
+        throw StoreError(.corrupt, path: address.description, "\(key(feed, "meta")): the position is not readable")
+      }
+      position = decoded
+    }
+    var events: [StoredEvent] = []
+    var after = floor
+    while true {
+      let chunk = try client.run([
+        "XRANGE", key(feed, "events"), "(\(after)-0", "+", "COUNT", String(RedisEventStore.chunk),
+      ])
+      let parsed = try parseEntries(chunk)
+      events += parsed
+      guard parsed.count == RedisEventStore.chunk, let last = parsed.last else { break }
+      after = last.id
+    }
+    guard head != nil || !events.isEmpty || position != nil else { return nil }
+    let stored = head ?? 0
+    if let last = events.last, last.id > stored {
+      throw StoreError(
+        .corrupt, path: address.description, "\(key(feed, "events")) holds id \(last.id) above the head \(stored)")
+    }
+    return StoredFeed(headID: stored, floorID: floor, events: events, position: position)
+  }
+
+  public func load(feed: String, completion: @escaping @Sendable (Result<StoredFeed?, StoreError>) -> Void) {
+    DispatchQueue.global().async { [self] in
+      do throws(StoreError) {
+        completion(.success(try load(feed: feed)))
+      } catch {
+        completion(.failure(error))
+      }
+    }
+  }
+
+  public func commit(_ batch: StoreBatch, completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
+    guard let loop else {
+      completion(.failure(StoreError(.unavailable, path: address.description, "not attached to an event loop")))
+      return
+    }
+    guard loop.inLoopThread else {
+      loop.execute { [self] in commit(batch, completion: completion) }
+      return
+    }
+    let started = MonotonicClock.seconds()
+    guard !closed, let command else {
+      completion(.failure(StoreError(.closed, path: address.description, "the store is closed")))
+      return
+    }
+    guard let token = tokens[batch.feed] else {
+      stats.withLock { $0.commitFailures += 1 }
+      completion(.failure(StoreError(.fenced, path: address.description, "this node does not hold the lease")))
+      return
+    }
+    guard command.isConnected else {
+      stats.withLock { $0.commitFailures += 1 }
+      completion(
+        .failure(
+          StoreError(
+            .unavailable, path: address.description, "redis unreachable: \(connection.error ?? "connecting")")))
+      return
+    }
+    command.send(commitArguments(batch, token: token)) { [self] reply in
+      switch reply {
+      case nil:
+        // Sent, and the connection ended before the reply: it may or may not have landed.
+        inDoubt.append((batch, completion))
+      case .error(let message)?:
+        stats.withLock { $0.commitFailures += 1 }
+        let kind: StoreError.Kind = message.hasPrefix("FENCED") || message.hasPrefix("STALE") ? .fenced : .write
+        if kind == .fenced {
+          // This node must not write: its replica steps down and takes the lease again only after a catch-up.
+          tokens[batch.feed] = nil
+          for observer in fencedObservers { observer(batch.feed) }
+        }
+        completion(.failure(StoreError(kind, path: address.description, message)))
+      case .some:
+        recordCommit(batch, seconds: MonotonicClock.seconds() - started)
+        completion(.success(()))
+      }
+    }
+  }
+
+  private func recordCommit(_ batch: StoreBatch, seconds: Double) {
+    stats.withLock { stats in
+      stats.commits += 1
+      stats.eventsWritten += batch.events.count
+      stats.bytesWritten += batch.events.reduce(0) { $0 + $1.bytes.count }
+      stats.commitSeconds.record(seconds)
+    }
+  }
+
+  /// Settles the commits whose replies were lost. The script writes all or nothing, so one with events landed
+  /// exactly when its first event is in the stream under its id with its bytes (not the stored head: another
+  /// node that took over since then moved it past any of this node's ids). A position-only commit is reported
+  /// failed (retrying it only repeats a cursor move).
+  private func resolveInDoubt() {
+    let pending = inDoubt
+    inDoubt = []
+    for (batch, completion) in pending {
+      guard let first = batch.events.first, let command else {
+        completion(.failure(StoreError(.unavailable, path: address.description, "redis connection lost")))
+        continue
+      }
+      let entry = "\(first.id)-0"
+      command.send(RedisEventStore.arguments(["XRANGE", key(batch.feed, "events"), entry, entry])) { [self] reply in
+        guard let reply else {
+          inDoubt.append((batch, completion))
+          return
+        }
+        let found = (try? parseEntries(reply))?.first
+        if let found, found.id == first.id, found.bytes.bytes == first.bytes.bytes {
+          recordCommit(batch, seconds: 0)
+          completion(.success(()))
+        } else {
+          stats.withLock { $0.commitFailures += 1 }
+          completion(.failure(StoreError(.unavailable, path: address.description, "redis connection lost")))
+        }
+      }
+    }
+  }
+
+  public func drop(feed: String) {
+    guard let loop else { return }
+    loop.execute { [self] in
+      command?.send(RedisEventStore.arguments(["DEL", key(feed, "events")])) { _ in }
+      command?.send(RedisEventStore.arguments(["HDEL", key(feed, "meta"), "position"])) { _ in }
+    }
+  }
+
+  public func statistics() -> StoreStatistics {
+    var snapshot = stats.withLock { $0 }
+    snapshot.connected = connection.connected
+    return snapshot
+  }
+
+  /// Gives up the leases this node holds (another node takes over at once, not after the expiry), then closes
+  /// both connections. Call while the loop still runs.
+  public func close() {
+    guard let loop, loop.isRunning, !loop.inLoopThread else {
+      if let loop, loop.inLoopThread { shut(then: {}) }
+      return
+    }
+    let done = DispatchSemaphore(value: 0)
+    loop.execute { [self] in shut { done.signal() } }
+    _ = done.wait(timeout: .now() + min(2, commandTimeout))
+  }
+
+  private func shut(then finished: @escaping @Sendable () -> Void) {
+    guard !closed else { return finished() }
+    closed = true
+    watchdog = nil
+    reconnectTimers = [:]
+    for (_, completion) in inDoubt {
+      completion(.failure(StoreError(.closed, path: address.description, "the store is closed")))
+    }
+    inDoubt = []
+    let held = tokens
+    tokens = [:]
+    let finish = { [self] in
+      command?.disconnect(reason: "closed")
+      reader?.disconnect(reason: "closed")
+      finished()
+    }
+    guard let command, command.isConnected, !held.isEmpty else { return finish() }
+    var remaining = held.count
+    for (feed, token) in held {
+      command.send(
+        RedisEventStore.arguments([
+          "EVAL", RedisEventStore.releaseScript, "1", key(feed, "lease"), token,
+        ])
+      ) { [self] _ in
+        remaining -= 1
+        if remaining == 0 {
+          logger.info("redis leases released", metadata: ["feeds": held.keys.sorted().joined(separator: ",")])
+          finish()
+        }
+      }
+    }
+  }
+
+  // MARK: Leases and reads (for FeedReplica, on the loop)
+
+  public enum LeaseAnswer: Sendable, Equatable {
+    /// This node holds the lease with `token` (`fresh`: newly taken, not renewed).
+    case held(token: String, fresh: Bool)
+    /// Another node holds it.
+    case heldBy(String)
+    /// Redis did not answer.
+    case failed(String)
+  }
+
+  /// Takes the lease of `feed` when nobody holds it, or renews it when `token` holds it.
+  func lease(feed: String, token: String?, milliseconds: Int, completion: @escaping (LeaseAnswer) -> Void) {
+    guard let command, command.isConnected else {
+      completion(.failed(connection.error ?? "redis unreachable"))
+      return
+    }
+    command.send(
+      RedisEventStore.arguments([
+        "EVAL", RedisEventStore.leaseScript, "2", key(feed, "lease"), key(feed, "epoch"), nodeID,
+        String(milliseconds), token ?? "",
+      ])
+    ) { reply in
+      guard let elements = reply?.elements, elements.count == 2, case .integer(let code) = elements[0],
+        let holder = elements[1].text
+      else {
+        completion(.failed(reply.map { "\($0)" } ?? "redis connection lost"))
+        return
+      }
+      completion(code == 0 ? .heldBy(holder) : .held(token: holder, fresh: code == 2))
+    }
+  }
+
+  /// Lets commits of `feed` through with `token` (this node leads it), or stops them (nil).
+  func setToken(_ token: String?, feed: String) { tokens[feed] = token }
+
+  /// The stored head, floor and position of `feed`.
+  func meta(feed: String, completion: @escaping (Result<StoredFeed, StoreError>) -> Void) {
+    guard let command, command.isConnected else {
+      completion(.failure(StoreError(.unavailable, path: address.description, "redis unreachable")))
+      return
+    }
+    command.send(RedisEventStore.arguments(["HMGET", key(feed, "meta"), "head", "floor", "position"])) {
+      [self] reply in
+      guard let fields = reply?.elements, fields.count == 3 else {
+        completion(.failure(StoreError(.unavailable, path: address.description, "redis: \(String(describing: reply))")))
+        return
+      }
+      let position = fields[2].text.flatMap { RedisEventStore.decodePosition($0) }
+      completion(
+        .success(
+          StoredFeed(
+            headID: fields[0].text.flatMap { UInt64($0) } ?? 0, floorID: fields[1].text.flatMap { UInt64($0) } ?? 0,
+            events: [], position: position)))
+    }
+  }
+
+  /// One chunk of `feed`'s events after `id` (at most `chunk`), on the command connection.
+  func read(feed: String, after id: UInt64, completion: @escaping (Result<[StoredEvent], StoreError>) -> Void) {
+    guard let command, command.isConnected else {
+      completion(.failure(StoreError(.unavailable, path: address.description, "redis unreachable")))
+      return
+    }
+    command.send(
+      RedisEventStore.arguments([
+        "XRANGE", key(feed, "events"), "(\(id)-0", "+", "COUNT", String(RedisEventStore.chunk),
+      ])
+    ) { [self] reply in
+      guard let reply else {
+        completion(.failure(StoreError(.unavailable, path: address.description, "redis connection lost")))
+        return
+      }
+      completion(Result { () throws(StoreError) in try parseEntries(reply) })
+    }
+  }
+
+  /// Waits (a blocking `XREAD` on the reader connection, at most `blockSeconds`) for `feed`'s events after `id`.
+  /// Empty when none came in that time.
+  func follow(feed: String, after id: UInt64, completion: @escaping (Result<[StoredEvent], StoreError>) -> Void) {
+    guard let reader, reader.isConnected else {
+      completion(.failure(StoreError(.unavailable, path: address.description, "redis unreachable")))
+      return
+    }
+    reader.send(
+      RedisEventStore.arguments([
+        "XREAD", "COUNT", String(RedisEventStore.chunk), "BLOCK", String(Int(RedisEventStore.blockSeconds * 1000)),
+        "STREAMS", key(feed, "events"), "\(id)-0",
+      ])
+    ) { [self] reply in
+      switch reply {
+      case nil:
+        completion(.failure(StoreError(.unavailable, path: address.description, "redis connection lost")))
+      case .null?:
+        completion(.success([]))
+      case let reply?:
+        // [[key, [entries…]]]
+        guard let streams = reply.elements, let first = streams.first?.elements, first.count == 2 else {
+          completion(.failure(unexpected(reply)))
+          return
+        }
+        completion(Result { () throws(StoreError) in try parseEntries(first[1]) })
+      }
+    }
+  }
+
+  static let chunk = 500
+  static let blockSeconds = 1.0
+
+  // MARK: Encoding
+
+  private func commitArguments(_ batch: StoreBatch, token: String) -> [[UInt8]] {
+    var arguments: [[UInt8]] = [
+      Array("EVAL".utf8), Array(RedisEventStore.commitScript.utf8), Array("3".utf8),
+      Array(key(batch.feed, "lease").utf8), Array(key(batch.feed, "events").utf8), Array(key(batch.feed, "meta").utf8),
+      Array(token.utf8), Array(String(batch.headID).utf8), Array(String(batch.floorID).utf8),
+      Array((batch.position.map(RedisEventStore.encodePosition) ?? "").utf8),
+      Array(String(batch.forgetStreams.count).utf8),
+    ]
+    arguments.reserveCapacity(arguments.count + batch.forgetStreams.count + batch.events.count * 6)
+    for stream in batch.forgetStreams { arguments.append(Array(stream.utf8)) }
+    for event in batch.events {
+      arguments.append(Array(String(event.id).utf8))
+      arguments.append(Array((event.stream ?? "").utf8))
+      arguments.append(Array((event.upstreamID.map { String($0) } ?? "").utf8))
+      arguments.append(Array(String(event.unixTime).utf8))
+      arguments.append(Array((event.type ?? "").utf8))
+      arguments.append(event.bytes.bytes)
+    }
+    return arguments
+  }
+
+  static func arguments(_ strings: [String]) -> [[UInt8]] { strings.map { Array($0.utf8) } }
+
+  static func encodePosition(_ position: FeedPosition) -> String {
+    let cursors = position.streams.map {
+      "\(JSONText.quoted($0)):\(JSONText.quoted(String(position.cursors[$0] ?? 0)))"
+    }
+    return "{\"streams\":[\(position.streams.map(JSONText.quoted).joined(separator: ","))],\"cursors\":{"
+      + cursors.joined(separator: ",") + "}}"
+  }
+
+  static func decodePosition(_ text: String) -> FeedPosition? {
+    guard let json = try? RawJSON.parse(text), case .array(let streams)? = json["streams"]?.value,
+      let cursors = json["cursors"]
+    else { return nil }
+    var names: [String] = []
+    var values: [String: UInt64] = [:]
+    for stream in streams {
+      guard let name = stream.stringValue else { return nil }
+      names.append(name)
+      guard let cursor = cursors[name]?.stringValue.flatMap({ UInt64($0) }) else { return nil }
+      values[name] = cursor
+    }
+    return FeedPosition(streams: names, cursors: values)
+  }
+
+  /// Stream entries (`[[id, [field, value, …]], …]`) as events, checked: ids ascending, each entry's bytes
+  /// naming its own id.
+  func parseEntries(_ reply: RedisReply) throws(StoreError) -> [StoredEvent] {
+    guard let entries = reply.elements else { throw unexpected(reply) }
+    var events: [StoredEvent] = []
+    events.reserveCapacity(entries.count)
+    for entry in entries {
+      guard let parts = entry.elements, parts.count == 2, let name = parts[0].text,
+        name.hasSuffix("-0"), let id = UInt64(name.dropLast(2)), let fields = parts[1].elements
+      else { throw unexpected(entry) }
+      var bytes: [UInt8]?
+      var event = StoredEvent(id: id, stream: nil, upstreamID: nil, unixTime: 0, bytes: ByteSlice([]))
+      var index = 0
+      while index + 1 < fields.count {
+        let value = fields[index + 1]
+        switch fields[index].text {
+        case "d": if case .string(let data) = value { bytes = data }
+        case "t": event.unixTime = value.text.flatMap { Double($0) } ?? 0
+        case "s": event.stream = value.text
+        case "u": event.upstreamID = value.text.flatMap { UInt64($0) }
+        case "k": event.type = value.text
+        default: break
+        }
+        index += 2
+      }
+      guard let bytes, SQLiteEventStore.carries(id: id, bytes), events.last.map({ id > $0.id }) ?? true else {
+        throw StoreError(.corrupt, path: address.description, "stream entry \(name) is not a Pollcast event")
+      }
+      event.bytes = ByteSlice(bytes)
+      events.append(event)
+    }
+    return events
+  }
+
+  private func unexpected(_ reply: RedisReply) -> StoreError {
+    if case .error(let message) = reply { return StoreError(.unavailable, path: address.description, message) }
+    return StoreError(.corrupt, path: address.description, "unexpected reply \(String(describing: reply).prefix(200))")
+  }
+
+  // MARK: Scripts
+
+  /// KEYS: lease, epoch. ARGV: node, milliseconds, the token this node holds ("" for none).
+  /// Returns {1, token} renewed, {2, token} newly taken, {0, holder} held by another node.
+  static let leaseScript = """
+    local holder = redis.call('GET', KEYS[1])
+    if holder and holder == ARGV[3] then
+      redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      return {1, holder}
+    end
+    if holder then return {0, holder} end
+    local token = ARGV[1] .. '/' .. redis.call('INCR', KEYS[2])
+    redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+    return {2, token}
+    """
+
+  /// KEYS: lease. ARGV: token. Deletes the lease only if this token holds it.
+  static let releaseScript = """
+    if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+    return 0
+    """
+
+  /// KEYS: lease, events, meta. ARGV: token, head, floor, position ("": unchanged), n forgotten streams, the
+  /// forgotten streams, then six per event: id, stream, upstream id, Unix time, type, bytes.
+  /// Every check comes before the first write: the script lands whole or not at all.
+  static let commitScript = """
+    local function above(a, b)
+      if #a ~= #b then return #a > #b end
+      return a > b
+    end
+    if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+      return redis.error_reply('FENCED this node no longer holds the lease')
+    end
+    local head = redis.call('HGET', KEYS[3], 'head') or '0'
+    local forget = tonumber(ARGV[5])
+    local first = 6 + forget
+    if #ARGV >= first and not above(ARGV[first], head) then
+      return redis.error_reply('STALE id ' .. ARGV[first] .. ' is not above the stored head ' .. head)
+    end
+    for i = 6, 5 + forget do
+      local entries = redis.call('XRANGE', KEYS[2], '-', '+')
+      for _, entry in ipairs(entries) do
+        local fields = entry[2]
+        for j = 1, #fields, 2 do
+          if fields[j] == 's' and fields[j + 1] == ARGV[i] then redis.call('XDEL', KEYS[2], entry[1]) end
+        end
+      end
+    end
+    local added = 0
+    for i = first, #ARGV, 6 do
+      local fields = {'d', ARGV[i + 5], 't', ARGV[i + 3]}
+      if ARGV[i + 1] ~= '' then fields[#fields + 1] = 's'; fields[#fields + 1] = ARGV[i + 1] end
+      if ARGV[i + 2] ~= '' then fields[#fields + 1] = 'u'; fields[#fields + 1] = ARGV[i + 2] end
+      if ARGV[i + 4] ~= '' then fields[#fields + 1] = 'k'; fields[#fields + 1] = ARGV[i + 4] end
+      redis.call('XADD', KEYS[2], ARGV[i] .. '-0', unpack(fields))
+      added = added + 1
+    end
+    if above(ARGV[2], head) then redis.call('HSET', KEYS[3], 'head', ARGV[2]) end
+    local floor = redis.call('HGET', KEYS[3], 'floor') or '0'
+    if above(ARGV[3], floor) then
+      redis.call('HSET', KEYS[3], 'floor', ARGV[3])
+      redis.call('XTRIM', KEYS[2], 'MINID', ARGV[3] .. '-1')
+    end
+    if ARGV[4] ~= '' then redis.call('HSET', KEYS[3], 'position', ARGV[4]) end
+    return added
+    """
+}
+
+/// hiredis's blocking API, for the load at start (before the loop serves anyone).
+final class RedisSyncClient {
+  private let context: UnsafeMutablePointer<redisContext>
+  let address: RedisAddress
+
+  init(address: RedisAddress, timeout: Double) throws(StoreError) {
+    self.address = address
+    let limit = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - timeout.rounded(.down)) * 1_000_000))
+    let made =
+      address.socketPath.map { redisConnectUnixWithTimeout($0, limit) }
+      ?? redisConnectWithTimeout(address.host, Int32(address.port), limit)
+    guard let made else { throw StoreError(.unavailable, path: address.description, "cannot allocate a context") }
+    if made.pointee.err != 0 {
+      let message = withUnsafeBytes(of: made.pointee.errstr) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+      redisFree(made)
+      throw StoreError(.unavailable, path: address.description, "cannot connect: \(message)")
+    }
+    redisSetTimeout(made, limit)
+    context = made
+    for command in address.handshake {
+      let reply = try run(command)
+      if case .error(let message) = reply {
+        redisFree(made)
+        throw StoreError(.unavailable, path: address.description, "\(command[0]) refused: \(message)")
+      }
+    }
+  }
+
+  func run(_ command: [String]) throws(StoreError) -> RedisReply {
+    let joined = Array(command.joined().utf8)
+    let lengths = command.map { $0.utf8.count }
+    let raw = joined.withUnsafeBufferPointer { buffer -> UnsafeMutableRawPointer? in
+      let base = UnsafeRawPointer(buffer.baseAddress ?? UnsafePointer(bitPattern: 1)!)
+      var offset = 0
+      var pointers: [UnsafePointer<CChar>?] = lengths.map { length in
+        defer { offset += length }
+        return (base + offset).assumingMemoryBound(to: CChar.self)
+      }
+      return pointers.withUnsafeMutableBufferPointer { argv in
+        lengths.withUnsafeBufferPointer {
+          redisCommandArgv(context, Int32(command.count), argv.baseAddress, $0.baseAddress)
+        }
+      }
+    }
+    guard let raw else {
+      let message = withUnsafeBytes(of: context.pointee.errstr) {
+        String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
+      }
+      throw StoreError(.unavailable, path: address.description, "\(command[0]): \(message)")
+    }
+    defer { freeReplyObject(raw) }
+    return RedisReply(raw.assumingMemoryBound(to: redisReply.self))
+  }
+
+  func close() { redisFree(context) }
+}

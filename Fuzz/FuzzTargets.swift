@@ -20,12 +20,50 @@ public func pollcastFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
   case "jwt": FuzzChecks.jwt(bytes)
   case "credential": FuzzChecks.credential(bytes)
   case "store": FuzzChecks.store(bytes)
+  case "redis": FuzzChecks.redis(bytes)
   default: fatalError("unknown POLLCAST_FUZZ_TARGET \(target)")
   }
   return 0
 }
 
 enum FuzzChecks {
+  /// What a relay reads from Redis and its configuration (`store.kind = redis`): any URL parses or is refused
+  /// with a reason; any position text decodes to a position that encodes back to the same, or is refused; any
+  /// stream entries (ids and fields from the input) load as ascending events whose bytes carry their ids, or are
+  /// refused as corrupt. Never a crash.
+  static func redis(_ bytes: [UInt8]) {
+    let text = String(decoding: bytes, as: UTF8.self)
+    switch RedisAddress.parse(text) {
+    case .success(let address):
+      precondition((1...65535).contains(address.port) && address.database >= 0, "parsed an invalid address")
+    case .failure(let problem):
+      precondition(!problem.description.isEmpty, "a refusal without a reason")
+    }
+    if let position = RedisEventStore.decodePosition(text) {
+      precondition(
+        RedisEventStore.decodePosition(RedisEventStore.encodePosition(position)) == position, "position round trip")
+    }
+    // Entries: the input split at NUL bytes, each "<id>-0 <data>" (the data after the first space, as bytes).
+    var entries: [RedisReply] = []
+    for line in bytes.split(separator: 0x00, omittingEmptySubsequences: false).prefix(64) {
+      let space = line.firstIndex(of: 0x20) ?? line.endIndex
+      let data = Array(line[space...].dropFirst())
+      entries.append(
+        .array([
+          .string(Array(line[..<space])),
+          .array([.string(Array("d".utf8)), .string(data), .string(Array("u".utf8)), .string(data)]),
+        ]))
+    }
+    let store = RedisEventStore(address: RedisAddress(), logger: Logger(label: "fuzz", level: .critical))
+    guard let events = try? store.parseEntries(.array(entries)) else { return }
+    var previous: UInt64?
+    for event in events {
+      precondition(previous.map { event.id > $0 } ?? true, "entries out of order")
+      precondition(SQLiteEventStore.carries(id: event.id, event.bytes.bytes), "an entry's bytes name another id")
+      previous = event.id
+    }
+  }
+
   /// Any file handed to the SQLite store opens as a store or fails with a `StoreError` (never a crash, never an
   /// empty start). What loads is consistent (ids increasing, at or below the head, each event's bytes carrying its
   /// id), and a commit above the loaded head is read back after it.

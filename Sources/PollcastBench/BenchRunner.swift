@@ -8,9 +8,8 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   let loop: EventLoop
   private var transport: CurlTransport!
   private var subscribers: [BenchSubscriber] = []
-  private var target = sockaddr_in()
-  private var host = ""
-  private var path = "/"
+  /// Where subscribers connect: subscriber i uses `targets[i % count]` (several nodes of a cluster).
+  private var targets: [(address: sockaddr_in, host: String, path: String)] = []
   // Per subscriber: a bitset of received sequence numbers, the count of distinct ones, the largest seen.
   private var received: [[UInt64]] = []
   private var distinct: [Int] = []
@@ -270,24 +269,30 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   }
 
   private func parseTarget() throws {
-    guard let url = URL(string: options.target), let hostName = url.host, let port = url.port else {
-      throw BenchError("--target must be http://IPv4:PORT/path")
+    for text in options.target.split(separator: ",") {
+      guard let url = URL(string: String(text)), let hostName = url.host, let port = url.port else {
+        throw BenchError("--target must be http://IPv4:PORT/path[,http://IPv4:PORT/path…]")
+      }
+      var address = sockaddr_in()
+      address.sin_family = sa_family_t(AF_INET)
+      address.sin_port = UInt16(port).bigEndian
+      guard inet_pton(AF_INET, hostName, &address.sin_addr) == 1 else {
+        throw BenchError("--target needs an IPv4 address")
+      }
+      targets.append(
+        (address, "\(hostName):\(port)", url.path.isEmpty ? "/" : url.path + (url.query.map { "?\($0)" } ?? "")))
     }
-    host = "\(hostName):\(port)"
-    path = url.path.isEmpty ? "/" : url.path + (url.query.map { "?\($0)" } ?? "")
-    target.sin_family = sa_family_t(AF_INET)
-    target.sin_port = UInt16(port).bigEndian
-    guard inet_pton(AF_INET, hostName, &target.sin_addr) == 1 else {
-      throw BenchError("--target needs an IPv4 address")
-    }
+    guard !targets.isEmpty else { throw BenchError("--target names no URL") }
   }
 
   // MARK: On the loop
 
   private func connect(_ subscriber: BenchSubscriber, lastEventID: [UInt8]?) {
     let source = "127.0.0.\(1 + subscriber.index % options.sources)"
+    let target = targets[subscriber.index % targets.count]
     if !subscriber.connect(
-      loop: loop, source: source, target: target, host: host, path: path, lastEventID: lastEventID,
+      loop: loop, source: source, target: target.address, host: target.host, path: target.path,
+      lastEventID: lastEventID,
       token: tokens.isEmpty ? nil : tokens[subscriber.index % tokens.count])
     {
       subscriberFailed(subscriber)

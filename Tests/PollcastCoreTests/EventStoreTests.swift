@@ -237,3 +237,55 @@ import Testing
     #expect(store.statistics().commitFailures == 1)
   }
 }
+
+/// `store.redis_url` and the stored position's text (`store.kind = redis`).
+@Suite struct RedisStoreUnitTests {
+  @Test func redisURLsParse() throws {
+    let plain = try RedisAddress.parse("redis://10.0.0.5").get()
+    #expect(plain.host == "10.0.0.5" && plain.port == 6379 && plain.database == 0 && plain.password == nil)
+    let full = try RedisAddress.parse("redis://:s%40cret@redis.internal:6380/2").get()
+    #expect(full.host == "redis.internal" && full.port == 6380 && full.database == 2 && full.password == "s@cret")
+    #expect(full.handshake == [["AUTH", "s@cret"], ["SELECT", "2"]])
+    let user = try RedisAddress.parse("redis://default:pw@[::1]:7000").get()
+    #expect(user.host == "::1" && user.port == 7000 && user.password == "pw")
+    #expect(user.description == "redis://[::1]:7000")
+    let socket = try RedisAddress.parse("unix:///run/redis/redis.sock?db=3").get()
+    #expect(socket.socketPath == "/run/redis/redis.sock" && socket.database == 3)
+    #expect(socket.description == "unix:///run/redis/redis.sock/3")
+    for bad in [
+      "http://x", "redis://", "redis://host:0", "redis://host:99999", "redis://host:port", "redis://host/db",
+      "unix://relative.sock", "redis://[::1", "redis://:pw@",
+    ] {
+      guard case .failure = RedisAddress.parse(bad) else {
+        Issue.record("\(bad) was accepted")
+        continue
+      }
+    }
+  }
+
+  @Test func positionsRoundTripExactly() {
+    let position = FeedPosition(
+      streams: ["101", "a \"quoted\" stream"], cursors: ["101": .max, "a \"quoted\" stream": 0])
+    let text = RedisEventStore.encodePosition(position)
+    #expect(RedisEventStore.decodePosition(text) == position)
+    #expect(RedisEventStore.decodePosition("{\"streams\":[\"x\"],\"cursors\":{}}") == nil)
+    #expect(RedisEventStore.decodePosition("not json") == nil)
+  }
+
+  @Test func configurationProblemsAreNamed() {
+    var configuration = Configuration()
+    configuration.store.kind = "redis"
+    configuration.store.redisURL = "redis://:pw@"
+    configuration.store.leaseSeconds = 0.1
+    configuration.store.redisPrefix = "a{b}"
+    configuration.upstream.idleAfterSeconds = 30
+    let problems = configuration.storeProblems()
+    #expect(problems.contains { $0.hasPrefix("store.redis_url:") })
+    #expect(problems.contains { $0.hasPrefix("store.lease_seconds:") })
+    #expect(problems.contains { $0.hasPrefix("store.redis_prefix:") })
+    #expect(problems.contains { $0.hasPrefix("upstream.idle_after_seconds:") })
+    configuration = Configuration()
+    configuration.store.kind = "redis"
+    #expect(configuration.storeProblems().isEmpty)
+  }
+}

@@ -44,7 +44,12 @@ import Testing
     var kills = 0
     var random = SystemRandomNumberGenerator()
     for _ in 0..<20 {
-      for reader in readers { try reader.connect(port: relay.port) }
+      // Onto the relay started after the last kill. Not in the first round: the readers are connected already, and
+      // one that reconnected then, before its first event was collected, would come back with no Last-Event-ID and
+      // skip that event (a race of the test, seen once in the full suite).
+      if kills > 0 {
+        for reader in readers { try reader.connect(port: relay.port) }
+      }
       // Read for a random while, then kill: commits are in flight most of the time at this rate.
       let until = MonotonicClock.seconds() + Double.random(in: 0.15...0.6, using: &random) * timingFactor
       while MonotonicClock.seconds() < until {

@@ -20,7 +20,10 @@ import Testing
       let loop = loop
       await loop.submit { store.attach(to: loop) }
       let deadline = MonotonicClock.seconds() + 10
-      while !(store.connection.connected && store.readerConnected) && MonotonicClock.seconds() < deadline {
+      // Connection state is the loop's: read it there.
+      while await !loop.submit({ store.connection.connected && store.readerConnected })
+        && MonotonicClock.seconds() < deadline
+      {
         try await Task.sleep(for: .milliseconds(10))
       }
     }

@@ -104,7 +104,7 @@ public enum PollcastCommand {
         "cannot open the store", metadata: ["path": error.path, "kind": error.kind.rawValue, "error": error.message])
       printError(
         "Error: \(error)\n"
-          + (error.kind == .corrupt
+          + (error.kind == .corrupt && !error.path.hasPrefix("redis://") && !error.path.hasPrefix("unix://")
             ? "  The file was left as it is. To start with an empty store instead, move it aside or set"
               + " store.reset_if_corrupt (--store-reset-if-corrupt true).\n" : ""))
       await demo?.stop()

@@ -26,7 +26,8 @@ final class RelayProcess {
     try process.run()
     guard let port = listeningPort(of: out, timeout: 30 * timingFactor) else {
       process.terminate()
-      throw TestSSEClient.Failure(description: "the relay did not start")
+      let tail = (try? String(contentsOf: log, encoding: .utf8))?.suffix(3000) ?? ""
+      throw TestSSEClient.Failure(description: "the relay did not start; its log ends with:\n\(tail)")
     }
     self.port = port
   }

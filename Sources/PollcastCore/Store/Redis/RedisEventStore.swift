@@ -34,8 +34,10 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   public var kind: String { "redis" }
   public var isDurable: Bool { true }
 
+  /// The loop that drives the connections (set once by `attach(to:)`; read from any thread).
+  var loop: EventLoop? { attachedLoop.withLock { $0 } }
+  private let attachedLoop = Locked<EventLoop?>(nil)
   // Loop-confined from `attach(to:)` on.
-  private(set) var loop: EventLoop?
   private var command: RedisConnection?
   private var reader: RedisConnection?
   private var tokens: [String: String] = [:]
@@ -72,8 +74,12 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   /// Connects both connections on `loop` (called once, on the loop, before anything is committed or followed).
   func attach(to loop: EventLoop) {
     loop.checkIsolated()
-    guard self.loop == nil else { return }
-    self.loop = loop
+    let first = attachedLoop.withLock { attached -> Bool in
+      guard attached == nil else { return false }
+      attached = loop
+      return true
+    }
+    guard first else { return }
     let command = RedisConnection(loop: loop, address: address, name: "command")
     let reader = RedisConnection(loop: loop, address: address, name: "reader")
     self.command = command
@@ -171,11 +177,15 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
       }
       position = decoded
     }
+    // Other nodes write while this one reads (in chunks, so not one snapshot): read only up to the head read
+    // above (what comes later is followed from there), and let the floor rise to below the first entry read (what
+    // lay below it was trimmed meanwhile).
+    let stored = head ?? 0
     var events: [StoredEvent] = []
     var after = floor
-    while true {
+    while after < stored {
       let chunk = try client.run([
-        "XRANGE", key(feed, "events"), "(\(after)-0", "+", "COUNT", String(RedisEventStore.chunk),
+        "XRANGE", key(feed, "events"), "(\(after)-0", "\(stored)-0", "COUNT", String(RedisEventStore.chunk),
       ])
       let parsed = try parseEntries(chunk)
       events += parsed
@@ -183,12 +193,8 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
       after = last.id
     }
     guard head != nil || !events.isEmpty || position != nil else { return nil }
-    let stored = head ?? 0
-    if let last = events.last, last.id > stored {
-      throw StoreError(
-        .corrupt, path: address.description, "\(key(feed, "events")) holds id \(last.id) above the head \(stored)")
-    }
-    return StoredFeed(headID: stored, floorID: floor, events: events, position: position)
+    let lowest = events.first.map { $0.id > 0 ? $0.id - 1 : 0 } ?? stored
+    return StoredFeed(headID: stored, floorID: max(floor, lowest), events: events, position: position)
   }
 
   public func load(feed: String, completion: @escaping @Sendable (Result<StoredFeed?, StoreError>) -> Void) {

@@ -129,17 +129,7 @@ import Testing
     }
     pump(0.2)
 
-    let accepted = Locked<[UInt64]>([])
-    let publishing = Locked(true)
-    let publisher = Task.detached {
-      var counter = 0
-      while publishing.withLock({ $0 }) {
-        counter += 1
-        let ids = await fixture.append(user: "101", texts: ["m\(counter)"])
-        accepted.withLock { $0 += ids }
-        try? await Task.sleep(for: .milliseconds(Int.random(in: 2...4)))
-      }
-    }
+    let publisher = SteadyPublisher(fixture: fixture)
     pump(1 * timingFactor)
 
     // 1. kill -9 the leader mid-stream; its subscribers resume on the next node.
@@ -182,9 +172,7 @@ import Testing
       extra: ["--log-level", "info"])
     pump(2 * timingFactor)
 
-    publishing.withLock { $0 = false }
-    await publisher.value
-    let expected = accepted.withLock { $0 }
+    let expected = await publisher.stop()
     let deadline = MonotonicClock.seconds() + 30 * timingFactor
     while MonotonicClock.seconds() < deadline
       && readers.contains(where: { ($0.messages.last?.upstreamID ?? 0) < (expected.last ?? 0) })

@@ -29,17 +29,7 @@ import Testing
     for reader in readers { reader.pump(for: 0.05) }
 
     // The steady stream: one message every 2-4 ms, recorded as the fixture accepts it.
-    let accepted = Locked<[UInt64]>([])
-    let publishing = Locked(true)
-    let publisher = Task.detached {
-      var counter = 0
-      while publishing.withLock({ $0 }) {
-        counter += 1
-        let ids = await fixture.append(user: "101", texts: ["m\(counter)"])
-        accepted.withLock { $0 += ids }
-        try? await Task.sleep(for: .milliseconds(Int.random(in: 2...4)))
-      }
-    }
+    let publisher = SteadyPublisher(fixture: fixture)
 
     var kills = 0
     var random = SystemRandomNumberGenerator()
@@ -61,9 +51,7 @@ import Testing
       relay = try RelayProcess(
         fixture: fixture.address, store: ["--store-kind", "sqlite", "--store-path", store], log: log)
     }
-    publishing.withLock { $0 = false }
-    await publisher.value
-    let expected = accepted.withLock { $0 }
+    let expected = await publisher.stop()
     for reader in readers { try reader.connect(port: relay.port) }
     let deadline = MonotonicClock.seconds() + 30 * timingFactor
     while MonotonicClock.seconds() < deadline

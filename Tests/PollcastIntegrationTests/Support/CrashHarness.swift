@@ -1,4 +1,5 @@
 import Foundation
+import LegacyFixture
 import PollcastCore
 import Testing
 
@@ -38,6 +39,34 @@ final class RelayProcess {
   }
 
   deinit { if process.isRunning { kill9() } }
+}
+
+/// The crash tests' steady stream: one message to user 101 every 2–4 ms, recorded as the fixture accepts it.
+final class SteadyPublisher: Sendable {
+  private let accepted = Locked<[UInt64]>([])
+  private let publishing = Locked(true)
+  private let task: Task<Void, Never>
+
+  init(fixture: LegacyFixture) {
+    let accepted = accepted
+    let publishing = publishing
+    task = Task.detached {
+      var counter = 0
+      while publishing.withLock({ $0 }) {
+        counter += 1
+        let ids = await fixture.append(user: "101", texts: ["m\(counter)"])
+        accepted.withLock { $0 += ids }
+        try? await Task.sleep(for: .milliseconds(Int.random(in: 2...4)))
+      }
+    }
+  }
+
+  /// Stops the stream and returns the upstream ids of every message the fixture accepted, in order.
+  func stop() async -> [UInt64] {
+    publishing.withLock { $0 = false }
+    await task.value
+    return accepted.withLock { $0 }
+  }
 }
 
 /// One subscriber across reconnections: everything it received, and the last id to resume from.

@@ -109,7 +109,7 @@ public actor FeedReplica {
       } else {
         // Taken now (or again, after ours expired and somebody may have written meanwhile): catch up first.
         if role == .leader { stepDown("the lease expired before it was renewed") }
-        takeOver(held, sent: sent)
+        takeOver(held)
       }
     case .heldBy(let holder):
       lastError = nil
@@ -137,7 +137,7 @@ public actor FeedReplica {
     stepDown("the lease could not be renewed in time (\(lastError ?? "no answer"))")
   }
 
-  private func takeOver(_ newToken: String, sent: Double) {
+  private func takeOver(_ newToken: String) {
     takingOver = true
     takeover = (newToken, MonotonicClock.seconds())
     logger.info("lease taken: catching up before polling", metadata: ["feed": feedName, "lease": newToken])

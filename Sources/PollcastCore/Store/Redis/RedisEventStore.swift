@@ -209,7 +209,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
 
   public func commit(_ batch: StoreBatch, completion: @escaping @Sendable (Result<Void, StoreError>) -> Void) {
     guard let loop else {
-      completion(.failure(StoreError(.unavailable, path: address.description, "not attached to an event loop")))
+      completion(.failure(address.unavailable("not attached to an event loop")))
       return
     }
     guard loop.inLoopThread else {
@@ -273,7 +273,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     inDoubt = []
     for (batch, completion) in pending {
       guard let first = batch.events.first, let command else {
-        completion(.failure(StoreError(.unavailable, path: address.description, "redis connection lost")))
+        completion(.failure(address.unavailable("redis connection lost")))
         continue
       }
       let entry = "\(first.id)-0"
@@ -288,7 +288,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
           completion(.success(()))
         } else {
           stats.withLock { $0.commitFailures += 1 }
-          completion(.failure(StoreError(.unavailable, path: address.description, "redis connection lost")))
+          completion(.failure(address.unavailable("redis connection lost")))
         }
       }
     }
@@ -392,13 +392,13 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   /// The stored head, floor and position of `feed`.
   func meta(feed: String, completion: @escaping (Result<StoredFeed, StoreError>) -> Void) {
     guard let command, command.isConnected else {
-      completion(.failure(StoreError(.unavailable, path: address.description, "redis unreachable")))
+      completion(.failure(address.unavailable("redis unreachable")))
       return
     }
     command.send(RedisEventStore.arguments(["HMGET", key(feed, "meta"), "head", "floor", "position"])) {
       [self] reply in
       guard let fields = reply?.elements, fields.count == 3 else {
-        completion(.failure(StoreError(.unavailable, path: address.description, "redis: \(String(describing: reply))")))
+        completion(.failure(address.unavailable("redis: \(String(describing: reply))")))
         return
       }
       let position = fields[2].text.flatMap { RedisEventStore.decodePosition($0) }
@@ -413,7 +413,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   /// One chunk of `feed`'s events after `id` (at most `chunk`), on the command connection.
   func read(feed: String, after id: UInt64, completion: @escaping (Result<[StoredEvent], StoreError>) -> Void) {
     guard let command, command.isConnected else {
-      completion(.failure(StoreError(.unavailable, path: address.description, "redis unreachable")))
+      completion(.failure(address.unavailable("redis unreachable")))
       return
     }
     command.send(
@@ -422,7 +422,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
       ])
     ) { [self] reply in
       guard let reply else {
-        completion(.failure(StoreError(.unavailable, path: address.description, "redis connection lost")))
+        completion(.failure(address.unavailable("redis connection lost")))
         return
       }
       completion(Result { () throws(StoreError) in try parseEntries(reply) })
@@ -433,7 +433,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   /// Empty when none came in that time.
   func follow(feed: String, after id: UInt64, completion: @escaping (Result<[StoredEvent], StoreError>) -> Void) {
     guard let reader, reader.isConnected else {
-      completion(.failure(StoreError(.unavailable, path: address.description, "redis unreachable")))
+      completion(.failure(address.unavailable("redis unreachable")))
       return
     }
     reader.send(
@@ -444,7 +444,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     ) { [self] reply in
       switch reply {
       case nil:
-        completion(.failure(StoreError(.unavailable, path: address.description, "redis connection lost")))
+        completion(.failure(address.unavailable("redis connection lost")))
       case .null?:
         completion(.success([]))
       case let reply?:
@@ -544,7 +544,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   }
 
   private func unexpected(_ reply: RedisReply) -> StoreError {
-    if case .error(let message) = reply { return StoreError(.unavailable, path: address.description, message) }
+    if case .error(let message) = reply { return address.unavailable(message) }
     return StoreError(.corrupt, path: address.description, "unexpected reply \(String(describing: reply).prefix(200))")
   }
 
@@ -627,11 +627,11 @@ final class RedisSyncClient {
     let made =
       address.socketPath.map { redisConnectUnixWithTimeout($0, limit) }
       ?? redisConnectWithTimeout(address.host, Int32(address.port), limit)
-    guard let made else { throw StoreError(.unavailable, path: address.description, "cannot allocate a context") }
+    guard let made else { throw address.unavailable("cannot allocate a context") }
     if made.pointee.err != 0 {
       let message = withUnsafeBytes(of: made.pointee.errstr) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
       redisFree(made)
-      throw StoreError(.unavailable, path: address.description, "cannot connect: \(message)")
+      throw address.unavailable("cannot connect: \(message)")
     }
     redisSetTimeout(made, limit)
     context = made
@@ -639,7 +639,7 @@ final class RedisSyncClient {
       let reply = try run(command)
       if case .error(let message) = reply {
         redisFree(made)
-        throw StoreError(.unavailable, path: address.description, "\(command[0]) refused: \(message)")
+        throw address.unavailable("\(command[0]) refused: \(message)")
       }
     }
   }
@@ -664,11 +664,16 @@ final class RedisSyncClient {
       let message = withUnsafeBytes(of: context.pointee.errstr) {
         String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
       }
-      throw StoreError(.unavailable, path: address.description, "\(command[0]): \(message)")
+      throw address.unavailable("\(command[0]): \(message)")
     }
     defer { freeReplyObject(raw) }
     return RedisReply(raw.assumingMemoryBound(to: redisReply.self))
   }
 
   func close() { redisFree(context) }
+}
+
+extension RedisAddress {
+  /// Redis cannot be reached or did not answer: the error names the URL (without its password).
+  fileprivate func unavailable(_ why: String) -> StoreError { StoreError(.unavailable, path: description, why) }
 }

@@ -83,6 +83,36 @@ import Testing
     #expect(CredentialExtractor.cookieValue("pc=100%", name: "pc") == "100%")
   }
 
+  @Test func credentialsAreTokensOfTheirCharset() {
+    for good in ["key-1000", "abc.DEF_ghi~jkl+mno/pqr==", "eyJhbGciOi.eyJzdWIiOi.c2ln", "a"] {
+      #expect(CredentialCharset.b64token.accepts(good), "\(good)")
+      #expect(CredentialCharset.visible.accepts(good), "\(good)")
+    }
+    for wider in ["k\"e;y", "a=b", "x%0D", "{json}", "a:b", "=abc"] {
+      #expect(!CredentialCharset.b64token.accepts(wider), "\(wider)")
+      #expect(CredentialCharset.visible.accepts(wider), "\(wider)")
+    }
+    for bad in ["", "a b", "a\tb", "a\r\nb", "a\nb", "a\u{0}b", "a\u{7F}", "ключ", String(repeating: "a", count: 4097)]
+    {
+      #expect(!CredentialCharset.b64token.accepts(bad), "\(bad.debugDescription)")
+      #expect(!CredentialCharset.visible.accepts(bad), "\(bad.debugDescription)")
+    }
+    func look(_ cookie: String, _ charset: CredentialCharset = .b64token) -> CredentialLookup {
+      CredentialExtractor.lookup(
+        authorization: nil, cookie: cookie, query: [], cookieName: "pc", allowQuery: false, charset: charset)
+    }
+    #expect(look("pc=key-1") == .found("key-1", .cookie))
+    // The decoded value is what is checked: an encoded CR LF is a CR LF.
+    #expect(look("pc=k%0D%0AX-Evil%3A%201") == .malformed(.cookie))
+    #expect(look("pc=k%0D%0AX-Evil%3A%201", .visible) == .malformed(.cookie))
+    #expect(look("pc=k%00") == .malformed(.cookie))
+    #expect(look("other=1") == .missing)
+    #expect(
+      CredentialExtractor.lookup(
+        authorization: "Bearer a b", cookie: "pc=fine", query: [], cookieName: "pc", allowQuery: false,
+        charset: .visible) == .malformed(.header))
+  }
+
   // MARK: Addresses
 
   @Test func addressBlocksMatchByPrefix() throws {

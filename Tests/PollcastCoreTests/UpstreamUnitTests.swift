@@ -194,3 +194,62 @@ import Testing
         == "http://h/feed?after={cursor}&API_KEY=[redacted]&X-Signature=[redacted]&access_token=[redacted]#frag")
   }
 }
+
+@Suite struct OutgoingRequestTests {
+  @Test func templatesEncodeURLValuesAndRefuseControlBytesInHeaderValues() throws {
+    #expect(
+      try OutgoingRequest.render("http://h/p?k={credential}&c=1", ["credential": "a b\r\n&c"], for: .url)
+        == "http://h/p?k=a%20b%0D%0A%26c&c=1")
+    #expect(try OutgoingRequest.render("Bearer {credential}", ["credential": "tok"], for: .header) == "Bearer tok")
+    for bad in ["a\r\nb", "a\n", "\u{0}", "a\u{7F}", "\u{1B}[31m"] {
+      #expect(throws: UpstreamError.self) { try OutgoingRequest.render("X {v}", ["v": bad], for: .header) }
+    }
+    // An unused placeholder's value is never looked at.
+    #expect(try OutgoingRequest.render("plain", ["v": "\r\n"], for: .header) == "plain")
+  }
+
+  @Test func configuredHeaderLinesAreSplitAndChecked() throws {
+    let (name, value) = try OutgoingRequest.header(line: "X-Api-Key:  abc\tdef ").get()
+    #expect(name == "X-Api-Key")
+    #expect(value == "abc\tdef")
+    for bad in ["no colon", "X-A: 1\r\nX-B: 2", "X A: 1", ": empty name", "X-A: \u{0}"] {
+      guard case .failure = OutgoingRequest.header(line: bad) else {
+        Issue.record("accepted \(bad.debugDescription)")
+        continue
+      }
+    }
+  }
+
+  @Test func everyPartOfARequestIsChecked() {
+    let clean = UpstreamRequest(method: "POST", url: "http://h/p?a=1", headers: [("A", "b c")], label: "t")
+    #expect(throws: Never.self) { try OutgoingRequest.check(clean) }
+    var cases: [UpstreamRequest] = []
+    for url in ["http://h/p q", "http://h/p\r\nX: 1", "http://h/\u{0}", "http://h/é"] {
+      cases.append(UpstreamRequest(url: url, label: "t"))
+    }
+    cases.append(UpstreamRequest(method: "GET X", url: "http://h/", label: "t"))
+    cases.append(UpstreamRequest(url: "http://h/", headers: [("A", "1\r\n")], label: "t"))
+    cases.append(UpstreamRequest(url: "http://h/", headers: [("A:B", "1")], label: "t"))
+    for request in cases {
+      #expect(throws: UpstreamError.self, "\(request.method) \(request.url) \(request.headers)") {
+        try OutgoingRequest.check(request)
+      }
+    }
+  }
+
+  @Test func errorSnippetsNeverShowTheRequestsSecrets() {
+    let body = Array("bad token tok/en=1 or tok%2Fen=1 for key-1".utf8)
+    let response = UpstreamResponse(status: 500, body: body, duration: 0)
+    #expect(throws: UpstreamError.self) { try response.requireOK("poll", sessionOn401: true, scrubbing: ["tok/en"]) }
+    do {
+      try response.requireOK("poll", sessionOn401: true, scrubbing: ["tok/en"])
+    } catch {
+      #expect(error.cause == "bad token [redacted]=1 or [redacted]=1 for key-1")
+    }
+    do {
+      try response.requireOK("session", sessionOn401: false, scrubbing: nil)
+    } catch {
+      #expect(!(error.cause ?? "").contains("key-1"))
+    }
+  }
+}

@@ -7,6 +7,47 @@ public enum CredentialSource: String, Sendable {
   case query
 }
 
+/// Which bytes a credential may hold. A credential is a token: it goes into headers and URLs of the legacy API,
+/// so anything else is refused where it is extracted, before any cache lookup or upstream call.
+public enum CredentialCharset: String, Sendable, CaseIterable {
+  /// RFC 6750's `b64token`: letters, digits, `-._~+/`, then `=` padding only.
+  case b64token
+  /// Any visible ASCII byte (0x21-0x7E), for legacy keys that need more; never a space or a control byte.
+  case visible
+
+  /// Longer credentials are refused too: no real key or token is this long, and each one is hashed and cached.
+  public static let maxLength = 4096
+
+  public func accepts(_ credential: String) -> Bool {
+    let bytes = credential.utf8
+    guard !bytes.isEmpty, bytes.count <= CredentialCharset.maxLength else { return false }
+    switch self {
+    case .visible:
+      return bytes.allSatisfy { $0 >= 0x21 && $0 <= 0x7E }
+    case .b64token:
+      var padding = false
+      for byte in bytes {
+        if byte == 0x3D {  // "="
+          padding = true
+          continue
+        }
+        let alnum = (byte >= 0x30 && byte <= 0x39) || (byte | 0x20 >= 0x61 && byte | 0x20 <= 0x7A)
+        let extra = byte == 0x2D || byte == 0x2E || byte == 0x5F || byte == 0x7E || byte == 0x2B || byte == 0x2F
+        if padding || !(alnum || extra) { return false }
+      }
+      return bytes.first != 0x3D
+    }
+  }
+}
+
+/// What a request carries as its credential, checked against the charset.
+public enum CredentialLookup: Sendable, Equatable {
+  case missing
+  case found(String, CredentialSource)
+  /// Present, but not a token of the charset: a control byte, a space, a smuggled header. Never used.
+  case malformed(CredentialSource)
+}
+
 /// Finds a subscriber's credential, in DESIGN's order: `Authorization: Bearer …`, then the cookie named
 /// `cookieName`, then the `access_token` query parameter when `allowQuery` is set.
 public enum CredentialExtractor {
@@ -27,6 +68,18 @@ public enum CredentialExtractor {
       return (value, .query)
     }
     return nil
+  }
+
+  /// The credential of a request, checked: the one place every source and every mode gets its credential.
+  public static func lookup(
+    authorization: String?, cookie: String?, query: [(String, String)], cookieName: String, allowQuery: Bool,
+    charset: CredentialCharset
+  ) -> CredentialLookup {
+    guard
+      let (credential, source) = extract(
+        authorization: authorization, cookie: cookie, query: query, cookieName: cookieName, allowQuery: allowQuery)
+    else { return .missing }
+    return charset.accepts(credential) ? .found(credential, source) : .malformed(source)
   }
 
   /// `text` without leading and trailing spaces and tabs (Foundation's trimming cost ~10 % of a connect).

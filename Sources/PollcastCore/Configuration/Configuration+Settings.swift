@@ -72,6 +72,10 @@ extension Configuration {
     .bool(
       "auth.allow_query_token", \.auth.allowQueryToken,
       "Also accept the credential as ?access_token= (it can end up in proxy logs; off by default)."),
+    .string(
+      "auth.credential_charset", \.auth.credentialCharset,
+      "What a subscriber's credential may hold: b64token (RFC 6750: letters, digits, -._~+/ and = padding) or"
+        + " visible (any visible ASCII, for legacy keys that need it); anything else is 401 malformed_credential."),
     .int(
       "auth.max_failures_per_minute", \.auth.maxFailuresPerMinute,
       "Failed credential checks one address may make per minute before it gets 429; 0 no limit."),

@@ -146,6 +146,7 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var mode = "none"
     public var cookieName = "pollcast_token"
     public var allowQueryToken = false
+    public var credentialCharset = "b64token"
     public var maxFailuresPerMinute = 30
     /// Per-user relaying: how long a refused key is answered from memory, and an accepted one trusted.
     public var credentialCacheSeconds = 30.0
@@ -155,6 +156,7 @@ public struct Configuration: Codable, Sendable, Equatable {
       case mode, jwt
       case cookieName = "cookie_name"
       case allowQueryToken = "allow_query_token"
+      case credentialCharset = "credential_charset"
       case maxFailuresPerMinute = "max_failures_per_minute"
       case credentialCacheSeconds = "credential_cache_seconds"
     }
@@ -231,6 +233,7 @@ extension Configuration {
           maxPerSubject: server.maxConnectionsPerSubject, maxFailuresPerMinute: auth.maxFailuresPerMinute),
         trustedProxies: server.trustedProxies.compactMap(AddressBlock.init)))
     settings.access.perUser = auth.mode == "upstream"
+    settings.access.credentialCharset = CredentialCharset(rawValue: auth.credentialCharset) ?? .b64token
     return settings
   }
 
@@ -341,11 +344,13 @@ extension Configuration {
     switch upstream.adapter {
     case "chat":
       if !upstream.url.isEmpty && !isHTTP(upstream.url) {
-        problems.append("upstream.url: \"\(upstream.url)\" must start with http:// or https://")
+        problems.append("upstream.url: \"\(redactURL(upstream.url))\" must start with http:// or https://")
       }
+      if let problem = OutgoingRequest.problem(inURL: upstream.url) { problems.append("upstream.url: \(problem)") }
     case "generic":
       if !generic.urlTemplate.isEmpty && !isHTTP(generic.urlTemplate) {
-        problems.append("generic.url_template: \"\(generic.urlTemplate)\" must start with http:// or https://")
+        problems.append(
+          "generic.url_template: \"\(redactURL(generic.urlTemplate))\" must start with http:// or https://")
       }
       for (key, pointer) in [
         ("generic.events_pointer", generic.eventsPointer), ("generic.id_pointer", generic.idPointer),
@@ -353,8 +358,13 @@ extension Configuration {
       where !pointer.isEmpty && !pointer.hasPrefix("/") {
         problems.append("\(key): \"\(pointer)\" is not an RFC 6901 pointer (empty, or starting with /)")
       }
-      for header in generic.headers where !header.contains(":") {
-        problems.append("generic.headers: \"\(header.prefix(40))\" is not \"Name: value\"")
+      for header in generic.headers {
+        if case .failure(let error) = OutgoingRequest.header(line: header) {
+          problems.append("generic.headers: \(error.message)")
+        }
+      }
+      if let problem = OutgoingRequest.problem(inURL: generic.urlTemplate) {
+        problems.append("generic.url_template: \(problem)")
       }
       if generic.stream.isEmpty { problems.append("generic.stream: must not be empty") }
       if !generic.initialCursor.isEmpty && ResumeDecision.parseEventID(generic.initialCursor) == nil {
@@ -435,6 +445,7 @@ extension Configuration {
     var copy = self
     if !copy.upstream.apiKey.isEmpty { copy.upstream.apiKey = "[redacted]" }
     copy.upstream.url = redactURL(copy.upstream.url)
+    copy.store.redisURL = redactURL(copy.store.redisURL)
     copy.generic.urlTemplate = redactURL(copy.generic.urlTemplate)
     copy.generic.headers = copy.generic.headers.map { header in
       guard let colon = header.firstIndex(of: ":") else { return header }
@@ -540,6 +551,12 @@ extension Configuration {
 
   func authProblems() -> [String] {
     var problems: [String] = []
+    if CredentialCharset(rawValue: auth.credentialCharset) == nil {
+      problems.append("auth.credential_charset: \"\(auth.credentialCharset)\" is not b64token or visible")
+    }
+    if let problem = OutgoingRequest.problem(inHeaderValue: upstream.apiKey, "upstream.api_key") {
+      problems.append("upstream.api_key: \(problem)")
+    }
     if auth.cookieName.isEmpty || auth.cookieName.contains(where: { " ;=,\t\"".contains($0) }) {
       problems.append("auth.cookie_name: \"\(auth.cookieName)\" is not a cookie name")
     }

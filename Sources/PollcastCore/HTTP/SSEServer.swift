@@ -280,7 +280,7 @@ public actor SSEServer {
       openStream(request, ask, identity: nil)
       return
     }
-    guard let credential = credential(of: request, query: query, cors: cors) else { return }
+    guard let credential = credential(of: request, query: query, cors: cors, address: address) else { return }
     let now = Date().timeIntervalSince1970
     if let known = verifier.cached(credential, now: now) {
       openStream(request, ask, identity: known)
@@ -301,17 +301,30 @@ public actor SSEServer {
   }
 
   /// The subscriber's credential (header, cookie, query), or nil after answering 401.
-  private func credential(of request: HTTPRequest, query: [(String, String)], cors: [(String, String)]) -> String? {
-    guard
-      let (credential, _) = CredentialExtractor.extract(
-        authorization: request.header("Authorization"), cookie: request.header("Cookie"), query: query,
-        cookieName: settings.access.cookieName, allowQuery: settings.access.allowQueryToken)
-    else {
+  private func credential(
+    of request: HTTPRequest, query: [(String, String)], cors: [(String, String)], address: String
+  ) -> String? {
+    switch CredentialExtractor.lookup(
+      authorization: request.header("Authorization"), cookie: request.header("Cookie"), query: query,
+      cookieName: settings.access.cookieName, allowQuery: settings.access.allowQueryToken,
+      charset: settings.access.credentialCharset)
+    {
+    case .found(let credential, _):
+      return credential
+    case .missing:
       authFailures["missing", default: 0] += 1
       unauthorized(request, reason: "missing", message: missingCredentialMessage, cors: cors)
-      return nil
+    case .malformed(let source):
+      // Counts as a failed check: a client probing with crafted values is throttled like one guessing keys.
+      authFailures["malformed_credential", default: 0] += 1
+      admission.recordFailure(address, now: MonotonicClock.seconds())
+      unauthorized(
+        request, reason: "malformed_credential",
+        message:
+          "the credential in the \(source.rawValue) is not a token (\(settings.access.credentialCharset.rawValue))",
+        cors: cors)
     }
-    return credential
+    return nil
   }
 
   /// Parks `request` (watched: a client that leaves frees it) while `work` runs, then answers it on the loop
@@ -336,7 +349,9 @@ public actor SSEServer {
   private func openAccountStream(
     _ request: HTTPRequest, _ ask: StreamAsk, hub: AccountHub, query: [(String, String)]
   ) {
-    guard let credential = credential(of: request, query: query, cors: ask.cors) else { return }
+    guard let credential = credential(of: request, query: query, cors: ask.cors, address: ask.address) else {
+      return
+    }
     if let known = hub.assumeIsolated({ $0.cached(credential) }) {
       answer(request, ask, known, credential: credential)
       return
@@ -540,7 +555,8 @@ public actor SSEServer {
       : "Bearer realm=\"pollcast\", error=\"invalid_token\", error_description=\"\(reason)\""
     let noun = hub == nil ? "token" : "credential"
     let body = JSONText.object([
-      "error": JSONText.quoted(reason == "missing" ? "missing_\(noun)" : "invalid_\(noun)"),
+      "error": JSONText.quoted(
+        reason == "missing" ? "missing_\(noun)" : reason == "malformed_credential" ? reason : "invalid_\(noun)"),
       "reason": JSONText.quoted(reason), "message": JSONText.quoted(message),
     ])
     request.respond(

@@ -53,6 +53,8 @@ public struct AccessSettings: Sendable, Equatable {
   public var trustedProxies: [AddressBlock]
   /// `auth.mode = upstream`: each subscriber presents its own legacy key.
   public var perUser = false
+  /// What a credential may hold (`auth.credential_charset`).
+  public var credentialCharset = CredentialCharset.b64token
 
   public init(
     jwt: JWTSettings? = nil, cookieName: String = "pollcast_token", allowQueryToken: Bool = false,

@@ -49,7 +49,7 @@ public final class ChatAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-
       UpstreamRequest(
         url: "\(baseURL)/api/messages/last?token=\(encodeQueryValue(token))", timeout: requestTimeout,
         connectTimeout: connectTimeout, label: "last"))
-    try response.requireOK("last ids", sessionOn401: true)
+    try response.requireOK("last ids", sessionOn401: true, scrubbing: [token])
     let json = try response.json("last ids")
     guard let lastIDs = json["last_ids"], case .object(let members) = lastIDs.value else {
       throw UpstreamError(.decoding, "last ids answer has no \"last_ids\" object")
@@ -76,7 +76,7 @@ public final class ChatAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-
         method: "POST", url: "\(baseURL)/api/session", body: [], timeout: requestTimeout,
         connectTimeout: connectTimeout, authentication: .apiKey, label: "session"))
     // A 401 here means the API key is wrong: that is a failure to back off from, not a session to renew.
-    try response.requireOK("session", sessionOn401: false)
+    try response.requireOK("session", sessionOn401: false, scrubbing: nil)
     let json = try response.json("session")
     guard let token = json["token"]?.stringValue, !token.isEmpty else {
       throw UpstreamError(.decoding, "session answer has no \"token\"")
@@ -108,7 +108,7 @@ public final class ChatAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-
         url: "\(baseURL)/api/messages/poll?token=\(encodeQueryValue(token))&cursor=\(encodeQueryValue(cursor))"
           + "&timeout=\(Int(holdSeconds.rounded()))",
         timeout: holdSeconds + marginSeconds, connectTimeout: connectTimeout, label: "poll"))
-    try response.requireOK("poll", sessionOn401: true)
+    try response.requireOK("poll", sessionOn401: true, scrubbing: [token])
     return try await response.decode("poll") { json, text throws(UpstreamError) in
       try ChatAdapter.parsePoll(json, text: text)
     }

@@ -61,13 +61,13 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
   public func poll(
     _ client: UpstreamClient, cursors: [String: UInt64], isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
-    var url = GenericAdapter.url(template: settings.urlTemplate, cursor: cursors[settings.stream] ?? 0)
-    if let credential { url = url.replacingOccurrences(of: "{credential}", with: encodeQueryValue(credential)) }
-    let headers = settings.headers.compactMap { line -> (String, String)? in
-      guard let colon = line.firstIndex(of: ":") else { return nil }
-      var value = String(line[line.index(after: colon)...]).trimmingCharacters(in: .whitespaces)
-      if let credential { value = value.replacingOccurrences(of: "{credential}", with: credential) }
-      return (String(line[..<colon]).trimmingCharacters(in: .whitespaces), value)
+    let values = credential.map { ["credential": $0] } ?? [:]
+    let url = try OutgoingRequest.render(
+      GenericAdapter.url(template: settings.urlTemplate, cursor: cursors[settings.stream] ?? 0), values, for: .url)
+    var headers: [(String, String)] = []
+    for line in settings.headers {
+      let (name, value) = try OutgoingRequest.header(line: line).get()
+      headers.append((name, try OutgoingRequest.render(value, values, for: .header)))
     }
     let response = try await client.send(
       UpstreamRequest(
@@ -77,7 +77,10 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
     {
       return UpstreamPollAnswer(batches: [(settings.stream, [])])
     }
-    try response.requireOK("poll", sessionOn401: false)
+    // Configured header values may be keys too (`Authorization: Bearer …`): none of them is echoed to the log.
+    try response.requireOK(
+      "poll", sessionOn401: false,
+      scrubbing: headers.map(\.1).filter { $0.count >= 6 } + (credential.map { [$0] } ?? []))
     let settings = self.settings
     return try await response.decode("poll") { json, text throws(UpstreamError) in
       try GenericAdapter.parse(json, settings: settings, text: text)

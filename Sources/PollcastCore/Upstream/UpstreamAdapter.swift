@@ -141,11 +141,29 @@ extension UpstreamResponse {
   }
 
   /// Throws for anything but 200: 401 as an expired session (when `sessionOn401`), the rest as status errors.
-  func requireOK(_ what: String, sessionOn401: Bool) throws(UpstreamError) {
+  ///
+  /// The error carries the first 200 bytes of the body, which end up in the log: an error page may echo what the
+  /// request carried, so every value of `secrets` (raw and percent-encoded) is cut out of it, and a call that
+  /// authenticates with a key (`secrets` nil: its key is not known here) shows no body at all.
+  func requireOK(_ what: String, sessionOn401: Bool, scrubbing secrets: [String]?) throws(UpstreamError) {
     if status == 200 { return }
     if status == 401 && sessionOn401 { throw UpstreamError(.sessionExpired, "\(what): token refused (401)") }
-    let snippet = String(decoding: body.prefix(200), as: UTF8.self)
+    guard let secrets else {
+      throw UpstreamError(.status(status), "\(what) answered \(status)", cause: "body not shown (\(body.count) bytes)")
+    }
+    let snippet = UpstreamResponse.scrub(String(decoding: body.prefix(200), as: UTF8.self), secrets)
     throw UpstreamError(.status(status), "\(what) answered \(status)", cause: snippet.isEmpty ? nil : snippet)
+  }
+
+  /// `text` with every secret (as is, and percent-encoded) replaced by `[redacted]`, and the values of
+  /// secret-looking query parameters redacted as in a URL.
+  static func scrub(_ text: String, _ secrets: [String]) -> String {
+    var shown = text
+    for secret in secrets where !secret.isEmpty {
+      shown = shown.replacingOccurrences(of: secret, with: "[redacted]")
+      shown = shown.replacingOccurrences(of: encodeQueryValue(secret), with: "[redacted]")
+    }
+    return shown
   }
 }
 

@@ -139,6 +139,8 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     for interceptor in interceptors { interceptor.prepare(&prepared) }
     let outcome: Result<UpstreamResponse, UpstreamError>
     do {
+      // Last, after every interceptor added its headers: nothing reaches the wire unchecked.
+      try OutgoingRequest.check(prepared)
       outcome = .success(try await transport.perform(prepared, owner: ObjectIdentifier(self)))
     } catch {
       outcome = .failure(error)

@@ -14,6 +14,8 @@ public struct UpstreamError: Error, CustomStringConvertible, Sendable, Equatable
     case sessionExpired
     /// The request was cancelled by a stop or restart; not a failure.
     case cancelled
+    /// The request was refused before it left: a control byte in its method, URL or a header (`OutgoingRequest`).
+    case unsafeRequest
   }
 
   public var kind: Kind
@@ -39,6 +41,7 @@ public struct UpstreamError: Error, CustomStringConvertible, Sendable, Equatable
     case .decoding: "decoding_error"
     case .sessionExpired: "session_expired"
     case .cancelled: "cancelled"
+    case .unsafeRequest: "unsafe_request"
     }
   }
 }

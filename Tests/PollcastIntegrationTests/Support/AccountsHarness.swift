@@ -12,7 +12,7 @@ struct AccountsHarness: StoppableHarness {
 
   static func start(
     accounts: Int = 4, hub settings: AccountHub.Settings = fastSettings(), admission: Admission.Limits = .init(),
-    generic: GenericAdapter.Settings? = nil, fixtureURL: String? = nil,
+    generic: GenericAdapter.Settings? = nil, fixtureURL: String? = nil, charset: CredentialCharset = .b64token,
     logger: Logger = Logger(
       label: "test", level: .critical)
   ) async throws -> AccountsHarness {
@@ -33,6 +33,7 @@ struct AccountsHarness: StoppableHarness {
     var server = ServerSettings(host: "127.0.0.1", port: 0)
     server.access = AccessSettings(allowQueryToken: true, admission: admission)
     server.access.perUser = true
+    server.access.credentialCharset = charset
     let relay = try await Relay.start(
       server: server, feed: FeedSettings(heartbeatInterval: 5), logger: logger,
       accounts: (AccountHub.Upstream(makeAdapter: makeAdapter, worker: worker, feed: FeedSettings()), settings))

@@ -62,6 +62,7 @@ public struct RedisAddress: Sendable, Equatable, CustomStringConvertible {
 
   public static func parse(_ text: String) -> Result<RedisAddress, ConfigurationProblem> {
     var address = RedisAddress()
+    let shown = redactURL(text)  // errors name the URL without its password
     if text.hasPrefix("unix://") {
       var path = String(text.dropFirst("unix://".count))
       if let query = path.firstIndex(of: "?") {
@@ -69,19 +70,19 @@ public struct RedisAddress: Sendable, Equatable, CustomStringConvertible {
         path = String(path[..<query])
         for pair in parameters.split(separator: "&") where pair.hasPrefix("db=") {
           guard let database = Int(pair.dropFirst(3)), database >= 0 else {
-            return .failure(ConfigurationProblem("\"\(text)\": db is not a number"))
+            return .failure(ConfigurationProblem("\"\(shown)\": db is not a number"))
           }
           address.database = database
         }
       }
       guard path.hasPrefix("/") else {
-        return .failure(ConfigurationProblem("\"\(text)\": a unix socket URL needs an absolute path (unix:///…)"))
+        return .failure(ConfigurationProblem("\"\(shown)\": a unix socket URL needs an absolute path (unix:///…)"))
       }
       address.socketPath = path
       return .success(address)
     }
     guard text.hasPrefix("redis://") else {
-      return .failure(ConfigurationProblem("\"\(text)\" is not a redis://host:port or unix:///path URL"))
+      return .failure(ConfigurationProblem("\"\(shown)\" is not a redis://host:port or unix:///path URL"))
     }
     var rest = Substring(text.dropFirst("redis://".count))
     if let at = rest.lastIndex(of: "@") {
@@ -96,7 +97,7 @@ public struct RedisAddress: Sendable, Equatable, CustomStringConvertible {
       rest = rest[..<slash]
       if !database.isEmpty {
         guard let number = Int(database), number >= 0 else {
-          return .failure(ConfigurationProblem("\"\(text)\": the database \"\(database)\" is not a number"))
+          return .failure(ConfigurationProblem("\"\(shown)\": the database \"\(database)\" is not a number"))
         }
         address.database = number
       }
@@ -104,24 +105,24 @@ public struct RedisAddress: Sendable, Equatable, CustomStringConvertible {
     var host = rest
     if rest.hasPrefix("[") {
       guard let close = rest.firstIndex(of: "]") else {
-        return .failure(ConfigurationProblem("\"\(text)\": unclosed [ in the host"))
+        return .failure(ConfigurationProblem("\"\(shown)\": unclosed [ in the host"))
       }
       host = rest[rest.index(after: rest.startIndex)..<close]
       rest = rest[rest.index(after: close)...]
       if let colon = rest.firstIndex(of: ":") {
         guard let port = Int(rest[rest.index(after: colon)...]), (1...65535).contains(port) else {
-          return .failure(ConfigurationProblem("\"\(text)\": the port is not 1-65535"))
+          return .failure(ConfigurationProblem("\"\(shown)\": the port is not 1-65535"))
         }
         address.port = port
       }
     } else if let colon = rest.lastIndex(of: ":") {
       host = rest[..<colon]
       guard let port = Int(rest[rest.index(after: colon)...]), (1...65535).contains(port) else {
-        return .failure(ConfigurationProblem("\"\(text)\": the port is not 1-65535"))
+        return .failure(ConfigurationProblem("\"\(shown)\": the port is not 1-65535"))
       }
       address.port = port
     }
-    guard !host.isEmpty else { return .failure(ConfigurationProblem("\"\(text)\" names no host")) }
+    guard !host.isEmpty else { return .failure(ConfigurationProblem("\"\(shown)\" names no host")) }
     address.host = String(host)
     return .success(address)
   }

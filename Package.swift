@@ -36,9 +36,14 @@ let package = Package(
       pkgConfig: "hiredis",
       providers: [.apt(["libhiredis-dev"])]
     ),
+    .systemLibrary(
+      name: "CSSL",
+      pkgConfig: "libcrypto",
+      providers: [.apt(["libssl-dev"])]
+    ),
     .target(
       name: "PollcastCore",
-      dependencies: ["CLibevent", "CCurl", "CJWT", "CSQLite", "CHiredis"]
+      dependencies: ["CLibevent", "CCurl", "CJWT", "CSQLite", "CHiredis", "CSSL"]
     ),
     .target(
       name: "LegacyFixture",

@@ -19,9 +19,9 @@ if [ ! -x "$binary" ] || [ "$newest" -nt "$binary" ]; then
   echo "building $binary"
   # shellcheck disable=SC2086
   swiftc -sanitize=fuzzer,address -parse-as-library -swift-version 6 -module-name PollcastCore -O -g \
-    -I Sources/CLibevent -I Sources/CCurl -I Sources/CJWT -I Sources/CSQLite -I Sources/CHiredis \
+    -I Sources/CLibevent -I Sources/CCurl -I Sources/CJWT -I Sources/CSQLite -I Sources/CHiredis -I Sources/CSSL \
     -Xcc -I/usr/include/hiredis $sources Fuzz/FuzzTargets.swift \
-    -levent -levent_pthreads -lcurl -ljwt -lsqlite3 -lhiredis -o "$binary"
+    -levent -levent_pthreads -lcurl -ljwt -lsqlite3 -lhiredis -lcrypto -o "$binary"
 fi
 failed=0
 for target in "${targets[@]}"; do

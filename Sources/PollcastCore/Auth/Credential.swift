@@ -16,7 +16,7 @@ public enum CredentialCharset: String, Sendable, CaseIterable {
   case visible
 
   /// Longer credentials are refused too: no real key or token is this long, and each one is hashed and cached.
-  public static let maxLength = 4096
+  public static let maxLength = 8192
 
   public func accepts(_ credential: String) -> Bool {
     let bytes = credential.utf8

@@ -1,4 +1,5 @@
 import CJWT
+import CSSL
 import Foundation
 
 /// What a verified subscriber token grants.
@@ -84,11 +85,9 @@ public struct JWTSettings: Sendable, Equatable {
       var bytes = [UInt8](data)
       if algorithm == .hs256 {
         while let last = bytes.last, last == 0x0A || last == 0x0D { bytes.removeLast() }
-        if bytes.count < 32 {
-          problems.append("\(key): an HS256 secret needs at least 32 bytes (\(path) has \(bytes.count))")
-        }
-      } else if !String(decoding: bytes, as: UTF8.self).contains("-----BEGIN PUBLIC KEY-----") {
-        problems.append("\(key): \(path) is not a PEM public key (-----BEGIN PUBLIC KEY-----)")
+      }
+      if let problem = KeyInspection.problem(bytes, path: path, algorithm: algorithm) {
+        problems.append("\(key): \(problem)")
       }
       return bytes
     }
@@ -238,6 +237,10 @@ public final class JWTVerifier {
   > {
     guard case .success(let claims) = outcome else { return outcome }
     if now > claims.expiresAt + leeway { return .failure(.expired) }
+    // An exp this far ahead is milliseconds (or a mistake): the stream would never end for the token's expiry.
+    if claims.expiresAt > now + JWTVerifier.maxLifetime {
+      return .failure(.malformed("exp is more than 100 years ahead (milliseconds instead of seconds?)"))
+    }
     if let notBefore = claims.notBefore, now + leeway < notBefore { return .failure(.notYetValid) }
     return .success(claims)
   }
@@ -282,7 +285,27 @@ public final class JWTVerifier {
     guard let claims = try? RawJSON.parse(String(cString: grantsText)), case .object = claims.value else {
       return .failure(.malformed("the claims are not a JSON object"))
     }
-    return JWTVerifier.claims(from: claims, audience: settings.audience)
+    return JWTVerifier.claims(from: claims, audience: settings.audience).map { claims in
+      var claims = claims
+      // A token without sub is a subject of its own: the per-subject cap bounds how many streams one leaked or
+      // shared token opens (a digest, never the token, is what admission keeps).
+      if claims.subject == nil { claims.subject = "token:" + JWTVerifier.digest(token) }
+      return claims
+    }
+  }
+
+  /// Tokens whose exp is further ahead than this are refused.
+  static let maxLifetime: Double = 100 * 365.25 * 86_400
+
+  /// SHA-256 of `text`, in hex: a stable name for a token that must never be kept itself.
+  static func digest(_ text: String) -> String {
+    var bytes = [UInt8](repeating: 0, count: 32)
+    var length: UInt32 = 0
+    let input = Array(text.utf8)
+    _ = input.withUnsafeBufferPointer { buffer in
+      EVP_Digest(buffer.baseAddress, buffer.count, &bytes, &length, EVP_sha256(), nil)
+    }
+    return bytes.prefix(Int(length)).map { String(format: "%02x", $0) }.joined()
   }
 
   static func claims(from claims: RawJSON, audience: String?) -> Result<TokenClaims, TokenRejection> {

@@ -93,7 +93,7 @@ final class TokenMinter {
     return try integer() + integer()
   }
 
-  private func openssl(_ arguments: [String]) throws -> String {
+  func openssl(_ arguments: [String]) throws -> String {
     let result = try run("/usr/bin/openssl", arguments)
     guard result.code == 0 else {
       throw TestSSEClient.Failure(description: "openssl \(arguments.first ?? ""): \(result.stderr)")

@@ -59,7 +59,7 @@ enum FuzzChecks {
     var previous: UInt64?
     for event in events {
       precondition(previous.map { event.id > $0 } ?? true, "entries out of order")
-      precondition(SQLiteEventStore.carries(id: event.id, event.bytes.bytes), "an entry's bytes name another id")
+      precondition(StoredEvent.isFrame(id: event.id, event.bytes.bytes), "an entry's bytes name another id")
       previous = event.id
     }
   }

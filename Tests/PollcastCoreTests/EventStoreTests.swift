@@ -70,12 +70,15 @@ import Testing
   }
 
   @Test func storedBytesMustNameTheirOwnID() {
-    #expect(SQLiteEventStore.carries(id: 7, Array("id: 7\ndata: x\n\n".utf8)))
-    #expect(SQLiteEventStore.carries(id: 7, Array("event: stream-attached\nid: 7\ndata: x\n\n".utf8)))
-    #expect(!SQLiteEventStore.carries(id: 7, Array("id: 8\ndata: x\n\n".utf8)))
-    #expect(!SQLiteEventStore.carries(id: 7, Array("id: 70\ndata: x\n\n".utf8)))
-    #expect(!SQLiteEventStore.carries(id: 7, Array("event: x\ndata: id: 7\n\n".utf8)))
-    #expect(!SQLiteEventStore.carries(id: 7, []))
+    #expect(StoredEvent.isFrame(id: 7, Array("id: 7\ndata: x\n\n".utf8)))
+    #expect(StoredEvent.isFrame(id: 7, Array("event: stream-attached\nid: 7\ndata: x\n\n".utf8)))
+    #expect(!StoredEvent.isFrame(id: 7, Array("id: 8\ndata: x\n\n".utf8)))
+    #expect(!StoredEvent.isFrame(id: 7, Array("id: 70\ndata: x\n\n".utf8)))
+    #expect(!StoredEvent.isFrame(id: 7, Array("event: x\ndata: id: 7\n\n".utf8)))
+    // A frame cut short (no blank line at its end) would run into the next event on the wire.
+    #expect(!StoredEvent.isFrame(id: 7, Array("id: 7\ndata: x\n".utf8)))
+    #expect(!StoredEvent.isFrame(id: 7, Array("id: 7\ndata: x".utf8)))
+    #expect(!StoredEvent.isFrame(id: 7, []))
   }
 
   @Test func theFloorAndForgottenStreamsTrimTheFileAndTheHeadNeverGoesDown() throws {
@@ -180,6 +183,104 @@ import Testing
     } catch {
       #expect(error.kind == .corrupt)
       #expect(error.message.contains("not a Pollcast store"))
+    }
+  }
+
+  /// An SQLite file of another program is never adopted, even one without tables (its application_id used to be
+  /// overwritten); only a missing or zero-length file becomes a store.
+  @Test func anotherProgramsEmptyDatabaseIsRefusedAndAZeroLengthFileAdopted() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    for setup in ["PRAGMA application_id = 7", "PRAGMA user_version = 3"] {
+      try? FileManager.default.removeItem(atPath: path)
+      var db: OpaquePointer?
+      #expect(sqlite3_open(path, &db) == SQLITE_OK)
+      #expect(sqlite3_exec(db, setup, nil, nil, nil) == SQLITE_OK)
+      sqlite3_close(db)
+      let before = try Data(contentsOf: URL(fileURLWithPath: path))
+      #expect(!before.isEmpty)
+      do {
+        _ = try SQLiteEventStore.open(path: path)
+        Issue.record("\(setup): an empty foreign database was adopted")
+      } catch {
+        #expect(error.kind == .corrupt)
+        #expect(error.message.contains("never adopted"), "\(error)")
+      }
+      #expect(try Data(contentsOf: URL(fileURLWithPath: path)) == before, "\(setup): the file was changed")
+    }
+    try? FileManager.default.removeItem(atPath: path)
+    #expect(FileManager.default.createFile(atPath: path, contents: Data()))
+    let store = try SQLiteEventStore.open(path: path)
+    store.close()
+    let reopened = try SQLiteEventStore.open(path: path)
+    reopened.close()
+  }
+
+  /// A store records the source that filled it: another source is refused naming both (exit 78 in the CLI), and
+  /// only `resetOnSourceChange` moves it aside to start empty.
+  @Test func aStoreIsBoundToTheSourceThatFilledIt() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let chatA = "chat http://legacy-a:8081"
+    let chatB = "chat http://legacy-b:8081"
+    do {
+      let store = try SQLiteEventStore.open(path: path, source: chatA)
+      try commit(store, StoreBatch(feed: "shared", events: [event(5)], position: nil, headID: 5, floorID: 0))
+      store.close()
+    }
+    let same = try SQLiteEventStore.open(path: path, source: chatA)
+    #expect(try same.load(feed: "shared")?.headID == 5)
+    same.close()
+    do {
+      _ = try SQLiteEventStore.open(path: path, source: chatB)
+      Issue.record("a store of another source was opened")
+    } catch {
+      #expect(error.kind == .sourceMismatch)
+      #expect(error.message.contains(chatA) && error.message.contains(chatB), "\(error)")
+    }
+    let reset = try SQLiteEventStore.open(path: path, source: chatB, resetOnSourceChange: true)
+    #expect(try reset.load(feed: "shared") == nil)
+    reset.close()
+    let moved = try FileManager.default.contentsOfDirectory(atPath: directory.path).filter {
+      $0.hasPrefix("pollcast.db.source-")
+    }
+    #expect(moved.count == 1, "the old store is kept aside: \(moved)")
+    // And the new one is now chatB's.
+    #expect(throws: StoreError.self) { _ = try SQLiteEventStore.open(path: path, source: chatA) }
+  }
+
+  /// Unissued ranges go with a commit and come back with the feed; a dropped feed forgets them.
+  @Test func unissuedRangesAreStoredWithTheFeed() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let store = try SQLiteEventStore.open(path: path)
+    try commit(
+      store,
+      StoreBatch(feed: "shared", events: [event(50)], position: nil, headID: 50, floorID: 0, unissued: [11...49]))
+    try commit(store, StoreBatch(feed: "shared", events: [event(51)], position: nil, headID: 51, floorID: 0))
+    #expect(try store.load(feed: "shared")?.unissued == [11...49])
+    store.close()
+    #expect(UnissuedRanges.decode(UnissuedRanges.encode([1...2, 7...9])) == [1...2, 7...9])
+    for bad in ["x", "3-1", "1-", "1-2,", "-5"] { #expect(UnissuedRanges.decode(bad) == nil, "\(bad)") }
+  }
+
+  /// A stored head beyond any id the relay issues is damage (it used to crash the relay at start: SIGILL).
+  @Test func aStoredHeadBeyondAnyIDIsCorruptNotACrash() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    do {
+      let store = try SQLiteEventStore.open(path: path)
+      try commit(store, StoreBatch(feed: "shared", events: [event(5)], position: nil, headID: 5, floorID: 0))
+      store.close()
+    }
+    var db: OpaquePointer?
+    #expect(sqlite3_open(path, &db) == SQLITE_OK)
+    #expect(sqlite3_exec(db, "UPDATE feeds SET head_id = -1", nil, nil, nil) == SQLITE_OK)
+    sqlite3_close(db)
+    let store = try SQLiteEventStore.open(path: path)
+    defer { store.close() }
+    do {
+      _ = try store.load(feed: "shared")
+      Issue.record("a head of 2^64-1 loaded")
+    } catch {
+      #expect(error.kind == .corrupt)
+      #expect(error.message.contains("18446744073709551615"))
     }
   }
 

@@ -253,3 +253,27 @@ import Testing
     }
   }
 }
+
+@Suite struct PollSpacingUnitTests {
+  @Test func instantEmptyAnswersWaitAtLeastTheMinimumAndGrowWithJitter() {
+    var random = SeededRandom(seed: 7)
+    var spacing = PollSpacing(minimum: 1, cap: 8)
+    // The first: exactly the rest of the minimum interval.
+    #expect(spacing.delay(afterPollTaking: 0.1, brought: false, using: &random) == 0.9)
+    var ceilings: [Double] = []
+    for _ in 0..<6 {
+      let delay = spacing.delay(afterPollTaking: 0, brought: false, using: &random)
+      #expect(delay >= 1 && delay <= 8)
+      ceilings.append(delay)
+    }
+    #expect(spacing.streak == 7)
+    // A held answer (as long as the minimum) resets it; so does an answer that brought something.
+    #expect(spacing.delay(afterPollTaking: 1.5, brought: false, using: &random) == 0)
+    #expect(spacing.streak == 0)
+    _ = spacing.delay(afterPollTaking: 0, brought: false, using: &random)
+    #expect(spacing.delay(afterPollTaking: 0, brought: true, using: &random) == 0)
+    #expect(spacing.streak == 0)
+    var off = PollSpacing(minimum: 0)
+    #expect(off.delay(afterPollTaking: 0, brought: false, using: &random) == 0)
+  }
+}

@@ -10,12 +10,13 @@ import Testing
     let loop: EventLoop
     let store: RedisEventStore
 
-    init(_ name: String, redis: ClusterTests.RedisProcess) async throws {
+    init(_ name: String, redis: ClusterTests.RedisProcess, source: String? = nil) async throws {
       let address = try RedisAddress.parse(redis.url).get()
       loop = try EventLoop()
       loop.start()
       store = RedisEventStore(
-        address: address, nodeID: name, commandTimeout: 2, logger: Logger(label: "test", level: .critical))
+        address: address, nodeID: name, commandTimeout: 2, source: source,
+        logger: Logger(label: "test", level: .critical))
       let store = store
       let loop = loop
       await loop.submit { store.attach(to: loop) }
@@ -174,5 +175,83 @@ import Testing
       (error as? StoreError)?.kind == .unavailable
         && "\(error)".contains("unix:///nonexistent/pollcast-redis.sock")
     }
+  }
+
+  /// A feed records the source that filled it: a node of another source gets `foreign` from the lease (it never
+  /// leads or follows) and a load that names both; its commits are fenced by the script too.
+  @Test func aFeedOfAnotherSourceIsNeverLedFollowedOrLoaded() async throws {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-redis-\(UUID())")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let redis = try ClusterTests.RedisProcess(directory: directory)
+    defer { redis.stop() }
+    let x = try await Node("x", redis: redis, source: "chat http://api-x")
+    let y = try await Node("y", redis: redis, source: "chat http://api-y")
+    defer {
+      x.close()
+      y.close()
+    }
+    guard case .held(let token, fresh: true) = await x.lease(token: nil, milliseconds: 5000) else {
+      Issue.record("x did not take the free lease")
+      return
+    }
+    await x.hold(token)
+    #expect(await x.commit(Self.batch([Self.event(10, upstream: 1)], cursor: 1)).isSuccess)
+    #expect(await y.lease(token: nil, milliseconds: 5000) == .foreign("chat http://api-x"))
+    do {
+      _ = try y.store.load(feed: "shared")
+      Issue.record("y loaded x's feed")
+    } catch {
+      #expect(error.kind == .sourceMismatch)
+      #expect(error.message.contains("chat http://api-x") && error.message.contains("chat http://api-y"))
+    }
+    // Even holding x's token, y's commit is refused by the script: nothing of y's lands in x's feed.
+    await y.hold(token)
+    let refused = await y.commit(Self.batch([Self.event(11, upstream: 2)], cursor: 2))
+    #expect(!refused.isSuccess)
+    #expect(try x.store.load(feed: "shared")?.headID == 10)
+  }
+
+  /// A lease written without an expiry (by hand, or by a broken tool) is given one and reported, instead of
+  /// stopping all polling for good; and two processes with one node id never share a lease, even after Redis lost
+  /// its data and the epoch counter restarted.
+  @Test func aLeaseWithoutExpiryIsRepairedAndTwoProcessesOfOneNodeIDNeverShareALease() async throws {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-redis-\(UUID())")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let redis = try ClusterTests.RedisProcess(directory: directory)
+    defer { redis.stop() }
+    let a = try await Node("same", redis: redis)
+    let b = try await Node("same", redis: redis)
+    defer {
+      a.close()
+      b.close()
+    }
+    _ = try ClusterTests.RedisProcess.send("SET pollcast{shared}:lease intruder/1", to: redis.socket)
+    #expect(await a.lease(token: nil, milliseconds: 300) == .heldBy("intruder/1", repaired: true))
+    let ttl = try ClusterTests.RedisProcess.send("PTTL pollcast{shared}:lease", to: redis.socket)
+    #expect(ttl.hasPrefix(":") && (Int(ttl.dropFirst().prefix { $0.isNumber }) ?? 0) > 0, "\(ttl)")
+    // Once that expiry passes, the lease is free again.
+    try await Task.sleep(for: .milliseconds(400))
+    guard case .held(let first, fresh: true) = await a.lease(token: nil, milliseconds: 5000) else {
+      Issue.record("the repaired lease did not free")
+      return
+    }
+    // Redis loses everything (the epoch restarts at 1), and b takes the free lease: a's old token is not b's.
+    _ = try ClusterTests.RedisProcess.send("FLUSHALL", to: redis.socket)
+    guard case .held(let second, fresh: true) = await b.lease(token: nil, milliseconds: 5000) else {
+      Issue.record("b did not take the free lease")
+      return
+    }
+    #expect(first != second, "\(first) \(second)")
+    #expect(await a.lease(token: first, milliseconds: 5000) == .heldBy(second))
+  }
+
+}
+
+extension Result {
+  var isSuccess: Bool {
+    if case .success = self { return true }
+    return false
   }
 }

@@ -16,7 +16,8 @@ extension Configuration {
       "File descriptors kept for health checks and the upstream: new streams are refused (503) within it."),
     .double(
       "server.timeout_seconds", \.server.timeoutSeconds,
-      "Read/write timeout of client connections; must exceed sse.heartbeat_seconds."),
+      "Read/write timeout of requests and keep-alive connections; for a stream, how long queued bytes may wait for"
+        + " a peer that reads none (a stream is never cut for sending nothing). Must exceed sse.heartbeat_seconds."),
     .int("server.backlog", \.server.backlog, "listen(2) backlog for bursts of new connections."),
     .double(
       "server.shutdown_spread_seconds", \.server.shutdownSpreadSeconds,
@@ -50,6 +51,10 @@ extension Configuration {
       "store.reset_if_corrupt", \.store.resetIfCorrupt,
       "store.kind sqlite: move a corrupt or foreign file aside (<path>.corrupt-<time>) and start empty, instead of"
         + " exiting 74."),
+    .bool(
+      "store.reset_on_source_change", \.store.resetOnSourceChange,
+      "store.kind sqlite: a store filled from another upstream (adapter, URL) is moved aside"
+        + " (<path>.source-<time>) and the relay starts empty, instead of exiting 78."),
     .string(
       "store.redis_url", \.store.redisURL,
       "store.kind redis: redis://[:password@]host[:port][/db] or unix:///path/redis.sock[?db=N]."),
@@ -158,6 +163,11 @@ extension Configuration {
     .double(
       "upstream.resync_interval_seconds", \.upstream.resyncIntervalSeconds,
       "Re-read the upstream's newest ids (chat) at least this often, so ids that went backwards are noticed."),
+    .double(
+      "upstream.min_poll_interval_seconds", \.upstream.minPollIntervalSeconds,
+      "Polls that come back sooner than this with nothing new are spaced: at least this long from one poll's start"
+        + " to the next, growing with full jitter (up to backoff_cap_seconds) while it goes on; a held answer or"
+        + " events reset it. 0 never spaces."),
     .int(
       "upstream.max_body_bytes", \.upstream.maxBodyBytes,
       "Largest upstream response accepted (decoded off the loop, relayed in slices)."),

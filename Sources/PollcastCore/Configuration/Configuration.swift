@@ -101,6 +101,7 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var idleAfterSeconds = 0.0
     public var readyWindowSeconds = 60.0
     public var resyncIntervalSeconds = 60.0
+    public var minPollIntervalSeconds = 1.0
     public var maxBodyBytes = 8 << 20
     /// Per-user relaying: accounts polling at once, accounts kept for resumes, ring bytes over all accounts.
     public var maxAccounts = 10_000
@@ -123,6 +124,7 @@ public struct Configuration: Codable, Sendable, Equatable {
       case idleAfterSeconds = "idle_after_seconds"
       case readyWindowSeconds = "ready_window_seconds"
       case resyncIntervalSeconds = "resync_interval_seconds"
+      case minPollIntervalSeconds = "min_poll_interval_seconds"
       case maxBodyBytes = "max_body_bytes"
     }
   }
@@ -187,6 +189,7 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var path = ""
     public var synchronous = "normal"
     public var resetIfCorrupt = false
+    public var resetOnSourceChange = false
     public var redisURL = "redis://127.0.0.1:6379"
     public var redisPrefix = "pollcast"
     public var leaseSeconds = 5.0
@@ -195,6 +198,7 @@ public struct Configuration: Codable, Sendable, Equatable {
     enum CodingKeys: String, CodingKey {
       case kind, path, synchronous
       case resetIfCorrupt = "reset_if_corrupt"
+      case resetOnSourceChange = "reset_on_source_change"
       case redisURL = "redis_url"
       case redisPrefix = "redis_prefix"
       case leaseSeconds = "lease_seconds"
@@ -211,6 +215,12 @@ public struct Configuration: Codable, Sendable, Equatable {
   public var log = Log()
   public var upstream = Upstream()
   public var generic = Generic()
+  /// `--demo`: the upstream is the embedded fixture, started anew on a new port each run (not a file key).
+  public var isDemo = false
+
+  enum CodingKeys: String, CodingKey {
+    case server, store, auth, cors, sse, ring, log, upstream, generic
+  }
 
   public init() {}
 }
@@ -388,6 +398,7 @@ extension Configuration {
       problems.append("\(key): must be greater than 0")
     }
     for (key, value) in [
+      ("upstream.min_poll_interval_seconds", upstream.minPollIntervalSeconds),
       ("upstream.request_margin_seconds", upstream.requestMarginSeconds),
       ("upstream.backoff_base_seconds", upstream.backoffBaseSeconds),
       ("upstream.idle_after_seconds", upstream.idleAfterSeconds),
@@ -408,6 +419,7 @@ extension Configuration {
     settings.idleAfter = upstream.idleAfterSeconds > 0 ? upstream.idleAfterSeconds : nil
     settings.readyWindow = upstream.readyWindowSeconds
     settings.resyncInterval = upstream.resyncIntervalSeconds
+    settings.minPollInterval = upstream.minPollIntervalSeconds
     return settings
   }
 
@@ -536,17 +548,27 @@ extension Configuration {
     return problems
   }
 
+  /// Who fills the feeds, as a store records it: the adapter and the API's URL (scheme, host, port, path; no
+  /// userinfo, secret query values redacted), so a store filled from one API is never served for another. The
+  /// embedded demo fixture is one source whatever port it got.
+  public var sourceIdentity: String {
+    if isDemo { return "\(upstream.adapter) embedded demo fixture" }
+    let url = upstream.adapter == "generic" ? generic.urlTemplate : upstream.url
+    return "\(upstream.adapter) \(identityURL(url))"
+  }
+
   /// Opens the store this configuration names (reading and checking a sqlite file).
   public func openStore(logger: Logger) throws(StoreError) -> EventStore {
     if store.kind == "redis", case .success(let address) = RedisAddress.parse(store.redisURL) {
       return RedisEventStore(
         address: address, prefix: store.redisPrefix, nodeID: store.nodeID.isEmpty ? nil : store.nodeID,
-        commandTimeout: max(1, store.leaseSeconds), logger: logger)
+        commandTimeout: max(1, store.leaseSeconds), source: sourceIdentity, logger: logger)
     }
     guard store.kind == "sqlite" else { return MemoryEventStore() }
     return try SQLiteEventStore.open(
       path: store.path, synchronous: SQLiteEventStore.Synchronous(rawValue: store.synchronous) ?? .normal,
-      resetIfCorrupt: store.resetIfCorrupt, logger: logger)
+      resetIfCorrupt: store.resetIfCorrupt, source: sourceIdentity, resetOnSourceChange: store.resetOnSourceChange,
+      logger: logger)
   }
 
   func authProblems() -> [String] {

@@ -37,6 +37,12 @@ public actor Feed {
   private var visibleHead: UInt64
   /// Streams whose events the ring dropped since the last commit: the next commit drops them from the store.
   private var forgottenStreams: [String] = []
+  /// Id ranges this feed's store never issued (`UnissuedRanges`): a resume into one gets `reset`. Changed ranges
+  /// go with the next commit.
+  private var unissued: [ClosedRange<UInt64>] = []
+  private var unissuedChanged = false
+  /// Why this feed serves nobody (its store belongs to another source), or nil.
+  public private(set) var unavailableReason: String?
 
   /// - Parameter restored: what `store` held for this feed at start: its events go back into the ring, and `ids`
   ///   must already start above its head (`EventIDAllocator(persistedAtLeast:)`).
@@ -64,6 +70,11 @@ public actor Feed {
             id: event.id, stream: event.stream, slice: event.bytes, time: now - max(0, unixNow - event.unixTime)))
       }
       ring.evictExpired(now: now)
+      unissued = restored.unissued
+      // Ids between the stored head and this run's first id are never issued. The head shown before the first
+      // event (one below it) is excluded: it is what a `reset` of this run names.
+      if ids.head > restored.headID + 1 { unissued.append((restored.headID + 1)...(ids.head - 1)) }
+      unissuedChanged = unissued != restored.unissued
     }
     self.ring = ring
     self.preamble = ByteSlice(
@@ -167,6 +178,8 @@ public actor Feed {
     let batch = prepare(events)
     let forget = forgottenStreams
     forgottenStreams = []
+    let ranges = unissuedChanged ? currentUnissued() : nil
+    unissuedChanged = false
     let stored = StoreBatch(
       feed: storeKey,
       events: (batch?.events ?? []).map {
@@ -174,11 +187,12 @@ public actor Feed {
           id: $0.id, stream: $0.stream, upstreamID: $0.upstreamID, unixTime: $0.unixTime, bytes: $0.entry.slice,
           type: $0.type)
       },
-      position: position, headID: ids.head, floorID: ring.floorID, forgetStreams: forget)
+      position: position, headID: ids.head, floorID: ring.floorID, forgetStreams: forget, unissued: ranges)
     do {
       try await commit(stored)
     } catch {
       stats.storeFailures += 1
+      if ranges != nil { unissuedChanged = true }
       forgottenStreams = forget + forgottenStreams
       if let last = batch?.events.last?.id, ids.head == last { ids.rewind(to: headBefore) }
       throw error
@@ -186,6 +200,13 @@ public actor Feed {
     guard let batch else { return [] }
     reveal(batch)
     return batch.events.map(\.id)
+  }
+
+  /// The unissued ranges still above the ring's floor (below it a resume is too old anyway), newest last.
+  private func currentUnissued() -> [ClosedRange<UInt64>] {
+    unissued.removeAll { $0.upperBound < ring.floorID }
+    if unissued.count > UnissuedRanges.limit { unissued.removeFirst(unissued.count - UnissuedRanges.limit) }
+    return unissued
   }
 
   private func commit(_ batch: StoreBatch) async throws(StoreError) {
@@ -316,19 +337,49 @@ public actor Feed {
   public func lead(storedHead: UInt64) {
     let above = max(storedHead, visibleHead, ids.head)
     ids = EventIDAllocator(startMicroseconds: EventIDAllocator.nowMicroseconds(), persistedAtLeast: above)
+    if ids.head > above {
+      unissued.append((above + 1)...ids.head)
+      unissuedChanged = true
+    }
+  }
+
+  /// The store lost this feed (Redis restarted empty): what came upstream meanwhile cannot be relayed, so every
+  /// stream ends and every client that resumes across the loss gets `reset` (`too_old`), and the `upstream`
+  /// status says why. Returns the streams ended.
+  @discardableResult
+  public func storeLost(_ detail: String) -> Int {
+    // Said first, so the streams about to end carry it too.
+    publishStatus(
+      JSONText.object([
+        "state": JSONText.quoted("resync"), "reason": JSONText.quoted("store_lost"),
+        "detail": JSONText.quoted(detail),
+      ]))
+    return skip(to: visibleHead + 1, notice: "the store lost this feed: reconnect")
+  }
+
+  /// This feed's store belongs to another source: it serves nobody (new streams get 503, open ones end) until
+  /// `reason` is nil again.
+  public func setUnavailable(_ reason: String?) {
+    guard reason != unavailableReason else { return }
+    unavailableReason = reason
+    guard let reason else { return }
+    let notice = ByteSlice(SSEEncoder.comment("this feed is unavailable: \(reason)"))
+    for subscriber in subscribers where !subscriber.isClosed { end(subscriber, with: notice) }
   }
 
   /// The shared stream was trimmed past what this node shows (it could not follow for a while): what lies
   /// between is gone. The ring restarts at `floor`, and every stream ends so its client reconnects with its
   /// Last-Event-ID and gets the `reset` the resume rules give for an id that is too old.
   @discardableResult
-  public func skip(to floor: UInt64) -> Int {
+  public func skip(
+    to floor: UInt64, notice text: String = "events were trimmed before this node could follow them: reconnect"
+  ) -> Int {
     guard floor > visibleHead else { return 0 }
     ring = ReplayRing(limits: settings.ring, floorID: floor)
     visibleHead = floor
     if ids.head < floor { ids = EventIDAllocator(startMicroseconds: 0, persistedAtLeast: floor) }
     let ending = subscribers
-    let notice = ByteSlice(SSEEncoder.comment("events were trimmed before this node could follow them: reconnect"))
+    let notice = ByteSlice(SSEEncoder.comment(text))
     for subscriber in ending where !subscriber.isClosed { end(subscriber, with: notice) }
     return ending.count
   }
@@ -415,7 +466,8 @@ public actor Feed {
     sink: SubscriberSink, requestedID: String?, streams: Set<String>?,
     expiry: (monotonic: Double, unix: Double)? = nil
   ) -> Subscriber {
-    let decision = ResumeDecision.decide(requested: requestedID, floorID: ring.floorID, headID: visibleHead)
+    let decision = ResumeDecision.decide(
+      requested: requestedID, floorID: ring.floorID, headID: visibleHead, unissued: unissued)
     let subscriber = Subscriber(
       streams: streams, sink: sink, cursor: visibleHead, mode: .live)
     if let age = settings.maxConnectionAge {

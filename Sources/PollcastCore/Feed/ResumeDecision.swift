@@ -11,11 +11,17 @@ public enum ResumeDecision: Equatable, Sendable {
   ///
   /// A valid id is 1 to 20 ASCII digits that fit in u64, nothing else (no sign, no spaces). An empty value
   /// means no id, as browsers send none when the last id is empty.
-  public static func decide(requested: String?, floorID: UInt64, headID: UInt64) -> ResumeDecision {
+  ///
+  /// `unissued` are id ranges this feed's store never issued (a store restored from a backup, or another
+  /// generation's): an id in one was given by another store, so replaying after it would repeat or skip events.
+  public static func decide(
+    requested: String?, floorID: UInt64, headID: UInt64, unissued: [ClosedRange<UInt64>] = []
+  ) -> ResumeDecision {
     guard let requested, !requested.isEmpty else { return .live }
     guard let id = parseEventID(requested) else { return .reset(.invalid, requested: requested) }
     if id > headID { return .reset(.future, requested: requested) }
     if id < floorID { return .reset(.tooOld, requested: requested) }
+    if unissued.contains(where: { $0.contains(id) }) { return .reset(.invalid, requested: requested) }
     return .replay(after: id)
   }
 

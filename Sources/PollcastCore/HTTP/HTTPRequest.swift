@@ -116,7 +116,17 @@ public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used 
   // MARK: Responses
 
   public func addHeader(_ name: String, _ value: String) {
-    evhttp_add_header(evhttp_request_get_output_headers(raw), name, value)
+    // evhttp refuses (-1) a value with CR or LF: every value the relay sets is its own (numbers, fixed words,
+    // matched origins), so a refusal is a bug, not input.
+    let added = evhttp_add_header(evhttp_request_get_output_headers(raw), name, value)
+    assert(added == 0, "evhttp refused header \(name)")
+  }
+
+  /// Sets `name` to `value`, replacing any value it had (a header that must appear once, like `Connection`).
+  public func setHeader(_ name: String, _ value: String) {
+    let headers = evhttp_request_get_output_headers(raw)
+    while evhttp_remove_header(headers, name) == 0 {}
+    addHeader(name, value)
   }
 
   /// Sends a complete response.
@@ -124,7 +134,9 @@ public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used 
     status: Int32, reason: String, contentType: String? = nil, body: String = "", headers: [(String, String)] = []
   ) {
     if let contentType { addHeader("Content-Type", contentType) }
-    for (name, value) in headers { addHeader(name, value) }
+    for (name, value) in headers {
+      if name.lowercased() == "connection" { setHeader(name, value) } else { addHeader(name, value) }
+    }
     let buffer = evbuffer_new()
     defer { evbuffer_free(buffer) }
     if !body.isEmpty {

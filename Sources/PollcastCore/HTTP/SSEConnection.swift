@@ -22,7 +22,14 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
 
   /// - Parameter scratch: an empty evbuffer, shared by all connections of one server (loop thread only), in
   ///   which references are assembled before evhttp moves them into the connection's output.
-  init(request: OpaquePointer, connection: OpaquePointer, scratch: EventBuffer, loop: EventLoop) {
+  /// Seconds a stream may sit with bytes queued for a peer that takes none (a stalled TCP window) before it is
+  /// dropped (`server.timeout_seconds`).
+  private let writeTimeout: Double
+
+  init(
+    request: OpaquePointer, connection: OpaquePointer, scratch: EventBuffer, loop: EventLoop, writeTimeout: Double
+  ) {
+    self.writeTimeout = writeTimeout
     self.loop = loop
     self.request = request
     self.connection = connection
@@ -45,6 +52,12 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
     if let bev = evhttp_connection_get_bufferevent(connection) {
       output = bufferevent_get_output(bev)
       socket = bufferevent_getfd(bev)
+      // A stream's client sends nothing after its request, and evhttp keeps EV_READ enabled (for close detection)
+      // under the server's read timeout: every stream was cut after server.timeout_seconds, busy or idle, because
+      // bytes written straight to the socket (below) never re-arm it. A stream has no read timeout; EOF and resets
+      // still end it at once. The write timeout stays: it runs only while bytes wait for a peer that reads none.
+      var write = timeval(seconds: writeTimeout)
+      bufferevent_set_timeouts(bev, nil, &write)
     }
   }
 

@@ -338,7 +338,7 @@ public actor SSEServer {
     Task {
       let result = await work(self)
       guard let request = pending.resume() else { return }  // the client left meanwhile
-      request.addHeader("Connection", "close")  // no keep-alive deadline was armed for a parked request
+      request.setHeader("Connection", "close")  // no keep-alive deadline was armed for a parked request
       answer(self, request, result)
     }
   }
@@ -479,6 +479,10 @@ public actor SSEServer {
         headers: [("Retry-After", String(Int.random(in: 2...10))), ("Connection", "close")])
       return
     }
+    if let reason = feed.assumeIsolated({ $0.unavailableReason }) {
+      unavailable(request, error: "feed_unavailable", message: reason, cors: cors)
+      return
+    }
     if let refusal = admission.admit(address: address, subject: subject) {
       if refusal == .perAddress && settings.access.trustedProxies.isEmpty
         && (address.hasPrefix("127.") || address == "::1")
@@ -502,8 +506,9 @@ public actor SSEServer {
     // The stream's headers go on only now: a refusal above is a plain answer with its own Content-Type.
     addStreamHeaders(request, cors: cors, feed: feed)
     // Streams end only when the server ends them; closing lets evhttp free the connection with the reply.
-    request.addHeader("Connection", "close")
-    let sink = SSEConnection(request: request.raw, connection: connection, scratch: scratch, loop: loop)
+    request.setHeader("Connection", "close")
+    let sink = SSEConnection(
+      request: request.raw, connection: connection, scratch: scratch, loop: loop, writeTimeout: settings.timeout)
     listener?.responseStaysOpen()
     sink.begin()
     openStreams += 1

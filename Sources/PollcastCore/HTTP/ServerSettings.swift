@@ -9,8 +9,9 @@ public struct ServerSettings: Sendable, Equatable {
   public var maxURLBytes: Int
   /// Largest request body accepted.
   public var maxBodyBytes: Int
-  /// evhttp's read/write timeout for connections, in seconds. Streams stay open past it because heartbeats are
-  /// sent more often (validation enforces heartbeat < timeout).
+  /// evhttp's read/write timeout for requests and keep-alive connections, in seconds. A stream has no read
+  /// timeout (its client sends nothing after the request); this bounds only how long its queued bytes may wait for
+  /// a peer that stopped reading.
   public var timeout: Double
   /// listen(2) backlog.
   public var backlog: Int

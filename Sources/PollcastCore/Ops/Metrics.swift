@@ -189,6 +189,13 @@ public enum Metrics {
           "pollcast_redis_gaps_total", "counter",
           "Times the stream was trimmed past this node's head before it could read (its streams were ended).",
           replication.gaps)
+        one(
+          "pollcast_redis_store_losses_total", "counter",
+          "Times Redis no longer held the feed's data this node knew (restarted empty): streams ended, resumes reset.",
+          replication.storeLosses)
+        one(
+          "pollcast_redis_lease_repairs_total", "counter",
+          "Leases found without an expiry (written by hand or another tool) and given one.", replication.leaseRepairs)
       }
     }
     guard let upstream else { return out }
@@ -200,6 +207,14 @@ public enum Metrics {
     one(
       "pollcast_upstream_polls_in_flight_max", "gauge", "Most upstream polls ever in flight at once.",
       upstream.maxPollsInFlight)
+    one(
+      "pollcast_upstream_spaced_polls_total", "counter",
+      "Pauses before a poll because the upstream answered at once with nothing new (it does not hold polls).",
+      upstream.spacedPolls)
+    metric(
+      "pollcast_upstream_poll_spacing_seconds", "gauge",
+      "The current pause before the next poll for that reason (0: none).",
+      [("", String(upstream.pollSpacing))])
     one(
       "pollcast_upstream_requests_in_flight", "gauge", "Upstream HTTP requests in flight.", upstream.transportInFlight)
     one("pollcast_upstream_sessions_started_total", "counter", "Upstream sessions started.", upstream.sessionsStarted)

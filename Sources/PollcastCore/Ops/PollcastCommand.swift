@@ -89,6 +89,7 @@ public enum PollcastCommand {
         configuration.upstream.adapter = "chat"
         configuration.upstream.url = upstream.url
         configuration.upstream.apiKey = upstream.apiKey
+        configuration.isDemo = true
         demo = upstream
         logger.info("demo: embedded legacy fixture started", metadata: ["upstream.url": redactURL(upstream.url)])
       } catch {
@@ -108,7 +109,8 @@ public enum PollcastCommand {
             ? "  The file was left as it is. To start with an empty store instead, move it aside or set"
               + " store.reset_if_corrupt (--store-reset-if-corrupt true).\n" : ""))
       await demo?.stop()
-      return exitStore
+      // A store of another source is a configuration mistake (this relay points at the wrong store or API).
+      return error.kind == .sourceMismatch ? exitConfig : exitStore
     } catch {
       logger.error("cannot start", metadata: ["error": "\(error)"])
       await demo?.stop()

@@ -68,6 +68,19 @@ public struct StoredEvent: Sendable {
   }
 }
 
+extension StoredEvent {
+  /// Whether stored bytes are one whole SSE frame of event `id`: its `id:` line (after an `event:` line, for typed
+  /// events) names `id`, and it ends with the blank line that ends an event. A row or stream entry that fails this
+  /// is damage or was not written by a relay, and is never replayed (every store checks what it reads back).
+  public static func isFrame(id: UInt64, _ bytes: [UInt8]) -> Bool {
+    guard bytes.count >= 2, bytes[bytes.count - 2] == 0x0A, bytes[bytes.count - 1] == 0x0A else { return false }
+    let line = Array("id: \(id)\n".utf8)
+    if bytes.starts(with: line) { return true }
+    guard bytes.starts(with: Array("event: ".utf8)), let end = bytes.firstIndex(of: 0x0A) else { return false }
+    return bytes[(end + 1)...].starts(with: line)
+  }
+}
+
 /// What one atomic commit writes.
 public struct StoreBatch: Sendable {
   public var feed: String
@@ -80,10 +93,12 @@ public struct StoreBatch: Sendable {
   public var floorID: UInt64
   /// Streams whose events the ring dropped (a detached stream must not be replayed).
   public var forgetStreams: [String]
+  /// Id ranges this store never issued (nil: unchanged), kept so a resume into one gets `reset`.
+  public var unissued: [ClosedRange<UInt64>]?
 
   public init(
     feed: String, events: [StoredEvent], position: FeedPosition?, headID: UInt64, floorID: UInt64,
-    forgetStreams: [String] = []
+    forgetStreams: [String] = [], unissued: [ClosedRange<UInt64>]? = nil
   ) {
     self.feed = feed
     self.events = events
@@ -91,6 +106,34 @@ public struct StoreBatch: Sendable {
     self.headID = headID
     self.floorID = floorID
     self.forgetStreams = forgetStreams
+    self.unissued = unissued
+  }
+}
+
+/// Id ranges a feed never issued: between a stored head and the first id of the next run (a store restored from
+/// a backup, swapped, or taken over after a clock jump). A client resuming with such an id was served by another
+/// generation of the store, so the feed answers it with `reset` instead of replaying from there.
+public enum UnissuedRanges {
+  /// How many ranges a feed keeps (the oldest go first; ranges below the ring's floor are dropped anyway).
+  public static let limit = 32
+
+  /// `a-b,c-d`, as stored.
+  public static func encode(_ ranges: [ClosedRange<UInt64>]) -> String {
+    ranges.map { "\($0.lowerBound)-\($0.upperBound)" }.joined(separator: ",")
+  }
+
+  /// The stored text back; nil when it is not `a-b,…` with a ≤ b.
+  public static func decode(_ text: String) -> [ClosedRange<UInt64>]? {
+    if text.isEmpty { return [] }
+    var ranges: [ClosedRange<UInt64>] = []
+    for part in text.split(separator: ",", omittingEmptySubsequences: false) {
+      let bounds = part.split(separator: "-", omittingEmptySubsequences: false)
+      guard bounds.count == 2, let low = UInt64(bounds[0]), let high = UInt64(bounds[1]), low <= high else {
+        return nil
+      }
+      ranges.append(low...high)
+    }
+    return ranges
   }
 }
 
@@ -101,12 +144,35 @@ public struct StoredFeed: Sendable {
   public var floorID: UInt64
   public var events: [StoredEvent]
   public var position: FeedPosition?
+  /// Id ranges the store never issued (`UnissuedRanges`).
+  public var unissued: [ClosedRange<UInt64>]
+  /// `store.kind = redis`: the random generation of the feed's data, made when its lease is first taken. Another
+  /// generation than the one a node knew means the store lost the feed (Redis restarted empty).
+  public var generation: String?
 
-  public init(headID: UInt64, floorID: UInt64, events: [StoredEvent], position: FeedPosition?) {
+  public init(
+    headID: UInt64, floorID: UInt64, events: [StoredEvent], position: FeedPosition?,
+    unissued: [ClosedRange<UInt64>] = [], generation: String? = nil
+  ) {
     self.headID = headID
     self.floorID = floorID
     self.events = events
     self.position = position
+    self.unissued = unissued
+    self.generation = generation
+  }
+
+  /// Ids are clock-seeded microseconds (about 2^51 today): a stored head above 2^63 is damage, and would leave the
+  /// id allocator no room (it used to crash the relay at start).
+  public static let maxHeadID: UInt64 = 1 << 63
+
+  /// Throws `.corrupt` when the stored head is beyond any id the relay hands out.
+  public static func checkHead(_ head: UInt64, feed: String, path: String) throws(StoreError) {
+    guard head <= maxHeadID else {
+      throw StoreError(
+        .corrupt, path: path,
+        "feed \(feed): the stored head id \(head) is beyond any id the relay issues (at most 2^63): damaged store")
+    }
   }
 }
 
@@ -143,6 +209,8 @@ public struct StoreError: Error, CustomStringConvertible, Sendable, Equatable {
     case closed
     /// `store.kind = redis`: this node does not hold the feed's lease (any more), so it may not write.
     case fenced
+    /// The store was filled from another upstream source (adapter, URL) than this relay's configuration names.
+    case sourceMismatch = "source_mismatch"
   }
 
   public var kind: Kind

@@ -44,32 +44,44 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
   /// Opens (creating it when missing) and checks the store. A file that is not a Pollcast store, or that SQLite
   /// finds damaged, throws `.corrupt`; with `resetIfCorrupt` it is moved aside (`<path>.corrupt-<unix time>`, with
   /// its WAL) and an empty store is created in its place.
+  ///
+  /// - Parameters:
+  ///   - source: who fills the store (`Configuration.sourceIdentity`: adapter and URL without secrets). Recorded
+  ///     when the store is created; a store filled from another source throws `.sourceMismatch` naming both,
+  ///     unless `resetOnSourceChange`, which moves it aside (`<path>.source-<unix time>`) like a corrupt file.
+  ///     nil: not checked (tools and tests that open a store by itself).
   public static func open(
-    path: String, synchronous: Synchronous = .normal, resetIfCorrupt: Bool = false, logger: Logger? = nil
+    path: String, synchronous: Synchronous = .normal, resetIfCorrupt: Bool = false, source: String? = nil,
+    resetOnSourceChange: Bool = false, logger: Logger? = nil
   ) throws(StoreError) -> SQLiteEventStore {
     do {
-      return try SQLiteEventStore(path: path, synchronous: synchronous)
-    } catch  where error.kind == .corrupt && resetIfCorrupt {
-      let aside = "\(path).corrupt-\(Int(Date().timeIntervalSince1970))"
+      return try SQLiteEventStore(path: path, synchronous: synchronous, source: source)
+    } catch  where (error.kind == .corrupt && resetIfCorrupt) || (error.kind == .sourceMismatch && resetOnSourceChange)
+    {
+      let why = error.kind == .corrupt ? "corrupt" : "source"
+      let aside = "\(path).\(why)-\(Int(Date().timeIntervalSince1970))"
       for suffix in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: path + suffix) {
         guard rename(path + suffix, aside + suffix) == 0 else {
-          throw StoreError(
-            .unavailable, path: path, "cannot move the corrupt file aside to \(aside + suffix): errno \(errno)")
+          throw StoreError(.unavailable, path: path, "cannot move the file aside to \(aside + suffix): errno \(errno)")
         }
       }
       logger?.error(
-        "store file is corrupt: moved aside, starting with an empty store (store.reset_if_corrupt)",
+        error.kind == .corrupt
+          ? "store file is corrupt: moved aside, starting with an empty store (store.reset_if_corrupt)"
+          : "store file was filled from another source: moved aside, starting with an empty store"
+            + " (store.reset_on_source_change)",
         metadata: ["path": path, "moved_to": aside, "error": error.message])
-      return try SQLiteEventStore(path: path, synchronous: synchronous)
+      return try SQLiteEventStore(path: path, synchronous: synchronous, source: source)
     }
   }
 
-  private init(path: String, synchronous: Synchronous) throws(StoreError) {
+  private init(path: String, synchronous: Synchronous, source: String?) throws(StoreError) {
     self.path = path
     self.synchronous = synchronous
     let result: Result<Void, StoreError> = queue.sync {
       do throws(StoreError) {
         try openAndCheck()
+        if let source { try bind(source: source) }
         return .success(())
       } catch {
         closeConnection()
@@ -89,6 +101,9 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
   // MARK: Opening
 
   private func openAndCheck() throws(StoreError) {
+    // Only a file that is missing or empty is made a store: an SQLite file of another program is never adopted
+    // (its application_id was overwritten), even one without tables yet.
+    let fresh = fileSize(path) == 0
     var handle: OpaquePointer?
     let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
     let status = sqlite3_open_v2(path, &handle, flags, nil)
@@ -102,9 +117,14 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     // A file that is not SQLite fails here, at the first read of its header.
     let applicationID = try integer("PRAGMA application_id")
     let tables = try integer("SELECT count(*) FROM sqlite_schema")
-    if tables > 0 && applicationID != Int64(SQLiteEventStore.applicationID) {
-      throw StoreError(.corrupt, path: path, "not a Pollcast store (application_id \(applicationID))")
+    if (tables > 0 || !fresh) && applicationID != Int64(SQLiteEventStore.applicationID) {
+      throw StoreError(
+        .corrupt, path: path,
+        "not a Pollcast store (application_id \(applicationID), \(tables) schema objects): a file of another program"
+          + " is never adopted")
     }
+    // Marked first, so a store that crashed before its schema was made is still recognised as ours.
+    if fresh { try execute("PRAGMA application_id = \(SQLiteEventStore.applicationID)") }
     if tables > 0 {
       let version = try integer("PRAGMA user_version")
       guard version == Int64(SQLiteEventStore.schemaVersion) else {
@@ -128,6 +148,38 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
       throw StoreError(.corrupt, path: path, "integrity check failed: \(check ?? "no answer")")
     }
     if tables == 0 { try createSchema() }
+    // Added after schema version 1 shipped: stores made before it gain it here.
+    try execute("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+  }
+
+  /// Records `source` in a new store, or checks that an existing store was filled from it.
+  private func bind(source: String) throws(StoreError) {
+    if let stored = try metaValue("source") {
+      guard stored == source else {
+        throw StoreError(
+          .sourceMismatch, path: path,
+          "this store was filled from \(stored), but this relay is configured for \(source): its events, ids and"
+            + " cursors belong to that API. Point store.path at another file, or set store.reset_on_source_change"
+            + " (--store-reset-on-source-change true) to move this one aside and start empty")
+      }
+      return
+    }
+    try setMeta("source", source)
+  }
+
+  private func metaValue(_ key: String) throws(StoreError) -> String? {
+    let select = try statement("SELECT value FROM meta WHERE key = ?1")
+    defer { sqlite3_reset(select) }
+    sqlite3_bind_text(select, 1, key, -1, pollcast_sqlite_transient())
+    return try step(select) ? columnText(select, 0) : nil
+  }
+
+  private func setMeta(_ key: String, _ value: String) throws(StoreError) {
+    let upsert = try statement("INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = ?2")
+    defer { sqlite3_reset(upsert) }
+    sqlite3_bind_text(upsert, 1, key, -1, pollcast_sqlite_transient())
+    sqlite3_bind_text(upsert, 2, value, -1, pollcast_sqlite_transient())
+    _ = try step(upsert)
   }
 
   private func createSchema() throws(StoreError) {
@@ -187,6 +239,10 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
           sqlite3_bind_int64(delete, 1, feedID)
           _ = try step(delete)
         }
+        let forget = try statement("DELETE FROM meta WHERE key = ?1")
+        defer { sqlite3_reset(forget) }
+        sqlite3_bind_text(forget, 1, "unissued:\(feed)", -1, pollcast_sqlite_transient())
+        _ = try step(forget)
         // The floor rises to the head: a resume into the dropped feed is too old, and its ids stay used.
         let raise = try statement("UPDATE feeds SET floor_id = head_id WHERE id = ?1")
         defer { sqlite3_reset(raise) }
@@ -266,6 +322,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     let feedID = sqlite3_column_int64(row, 0)
     let head = UInt64(bitPattern: sqlite3_column_int64(row, 1))
     let floor = UInt64(bitPattern: sqlite3_column_int64(row, 2))
+    try StoredFeed.checkHead(head, feed: feed, path: path)
     feedIDs[feed] = feedID
     floors[feed] = floor
 
@@ -286,7 +343,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
       if count > 0, let blob = sqlite3_column_blob(select, 4) {
         bytes.withUnsafeMutableBytes { $0.baseAddress!.copyMemory(from: blob, byteCount: count) }
       }
-      guard id <= head, events.last.map({ id > $0.id }) ?? true, Self.carries(id: id, bytes) else {
+      guard id <= head, events.last.map({ id > $0.id }) ?? true, StoredEvent.isFrame(id: id, bytes) else {
         throw StoreError(.corrupt, path: path, "feed \(feed): stored event \(id) does not match its id or the head")
       }
       events.append(
@@ -303,18 +360,16 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
       streams.append(stream)
       cursors[stream] = UInt64(bitPattern: sqlite3_column_int64(positions, 1))
     }
+    var unissued: [ClosedRange<UInt64>] = []
+    if let text = try metaValue("unissued:\(feed)") {
+      guard let ranges = UnissuedRanges.decode(text) else {
+        throw StoreError(.corrupt, path: path, "feed \(feed): the unissued id ranges are not readable")
+      }
+      unissued = ranges
+    }
     return StoredFeed(
       headID: head, floorID: floor, events: events,
-      position: streams.isEmpty ? nil : FeedPosition(streams: streams, cursors: cursors))
-  }
-
-  /// Whether an event's stored bytes name `id` in their `id:` line (after an `event:` line, for typed events),
-  /// so a row whose bytes and id disagree is caught as corrupt instead of being replayed under the wrong id.
-  static func carries(id: UInt64, _ bytes: [UInt8]) -> Bool {
-    let line = Array("id: \(id)\n".utf8)
-    if bytes.starts(with: line) { return true }
-    guard bytes.starts(with: Array("event: ".utf8)), let end = bytes.firstIndex(of: 0x0A) else { return false }
-    return bytes[(end + 1)...].starts(with: line)
+      position: streams.isEmpty ? nil : FeedPosition(streams: streams, cursors: cursors), unissued: unissued)
   }
 
   // MARK: Writing
@@ -372,6 +427,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
         _ = try step(forget)
         trimmed += Int(sqlite3_changes(db))
       }
+      if let unissued = batch.unissued { try setMeta("unissued:\(batch.feed)", UnissuedRanges.encode(unissued)) }
       if batch.floorID > floors[batch.feed] ?? 0 {
         // Incremental: each commit deletes only what the ring evicted since the previous one.
         let trim = try statement("DELETE FROM events WHERE feed = ?1 AND id <= ?2")

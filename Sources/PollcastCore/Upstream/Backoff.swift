@@ -28,3 +28,37 @@ public struct Backoff: Sendable, Equatable {
 
   public mutating func reset() { attempt = 0 }
 }
+
+/// Spaces polls whose answers came back at once and brought nothing new (an API that does not hold its poll: a
+/// misconfigured timeout parameter, an overloaded server, no server-side waiting), so the relay never hammers it.
+///
+/// A poll that brought nothing and returned in less than `minimum` seconds is followed by a pause: the interval
+/// from its start to the next poll is `minimum` the first time, then drawn with full jitter from
+/// [`minimum`, min(`cap`, `minimum`·2ⁿ)] while such answers go on. A held answer (one that took `minimum` or
+/// more) or one with something new resets it: a busy feed that answers with events at once is re-polled at once.
+public struct PollSpacing: Sendable, Equatable {
+  public var minimum: Double
+  public var cap: Double
+  /// Instant empty answers in a row.
+  public private(set) var streak = 0
+
+  public init(minimum: Double = 1, cap: Double = 30) {
+    self.minimum = minimum
+    self.cap = cap
+  }
+
+  /// How long to wait before the next poll, after one that took `duration` seconds and did (`brought`) or did
+  /// not bring anything new.
+  public mutating func delay(
+    afterPollTaking duration: Double, brought: Bool, using random: inout some RandomNumberGenerator
+  ) -> Double {
+    guard minimum > 0, !brought, duration < minimum else {
+      streak = 0
+      return 0
+    }
+    let ceiling = min(max(cap, minimum), minimum * pow(2, Double(min(streak, 30))))
+    streak += 1
+    let interval = ceiling > minimum ? Double.random(in: minimum...ceiling, using: &random) : minimum
+    return max(0, interval - duration)
+  }
+}

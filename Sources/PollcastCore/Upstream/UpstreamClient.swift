@@ -95,6 +95,21 @@ public func redactURL(_ url: String) -> String {
   return String(text[...question]) + redacted.joined(separator: "&") + String(text[queryEnd...])
 }
 
+/// `url` as an identity: without its userinfo at all (a changed password is the same API), secret query values
+/// redacted, and a trailing slash dropped.
+public func identityURL(_ url: String) -> String {
+  var text = url
+  if let scheme = text.range(of: "://") {
+    let authorityEnd = text[scheme.upperBound...].firstIndex { "/?#".contains($0) } ?? text.endIndex
+    if let at = text[scheme.upperBound..<authorityEnd].lastIndex(of: "@") {
+      text.removeSubrange(scheme.upperBound...at)
+    }
+  }
+  text = redactURL(text)
+  while text.hasSuffix("/") { text.removeLast() }
+  return text
+}
+
 /// Percent-encodes a query parameter value.
 ///
 /// RFC 3986's unreserved characters (ASCII letters, digits, `-._~`) stay; every other UTF-8 byte becomes `%XX`.

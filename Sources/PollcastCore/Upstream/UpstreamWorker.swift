@@ -30,6 +30,8 @@ public actor UpstreamWorker {
     /// session step) means the subscriber's key was revoked. The worker stops and calls `onKeyRefused` instead of
     /// backing off and retrying a key that will not work again.
     public var stopWhenKeyRefused = false
+    /// Polls that bring nothing new and return sooner than this are spaced (`PollSpacing`); 0 never spaces.
+    public var minPollInterval: Double = 1
     public init() {}
   }
 
@@ -49,6 +51,7 @@ public actor UpstreamWorker {
   private var generation = 0
   private var cycle: Task<Void, Never>?
   private var backoff: Backoff
+  private var spacing: PollSpacing
   private var streams: [String] = []
   private var cursors: [String: UInt64] = [:]
   private var backlogUntil: [String: UInt64] = [:]
@@ -80,6 +83,8 @@ public actor UpstreamWorker {
     self.logger = logger
     self.random = random
     self.backoff = settings.backoff
+    self.spacing = PollSpacing(
+      minimum: settings.minPollInterval, cap: max(settings.minPollInterval, settings.backoff.cap))
   }
 
   // MARK: Lifecycle
@@ -279,6 +284,18 @@ public actor UpstreamWorker {
           continue
         }
         guard isCurrent(cycleGeneration) else { return }
+        if answer.rejected.isEmpty || cursors != cursorsBefore {
+          let took = MonotonicClock.seconds() - started
+          let wait = spacing.delay(afterPollTaking: took, brought: cursors != cursorsBefore, using: &random)
+          if wait > 0 {
+            guard await space(wait) else { return }
+            continue
+          } else if statistics.pollSpacing > 0 {
+            statistics.pollSpacing = 0
+            logger.info("upstream holds its polls again: no more spacing")
+            republishState()
+          }
+        }
         if !answer.rejected.isEmpty && cursors == cursorsBefore {
           // Only messages that cannot be relayed and have no id to move past: the upstream will answer the same
           // at once. Wait like after a failure instead of polling it in a tight loop.
@@ -578,6 +595,42 @@ public actor UpstreamWorker {
     JSONText.object(["stream": JSONText.quoted(stream), "change": JSONText.quoted(change)])
   }
 
+  /// Waits `delay` seconds before the next poll, because the last ones came back at once with nothing new. False
+  /// when the cycle was cancelled meanwhile.
+  private func space(_ delay: Double) async -> Bool {
+    statistics.spacedPolls += 1
+    let first = statistics.pollSpacing == 0
+    statistics.pollSpacing = delay
+    if first {
+      logger.warning(
+        "upstream answers at once with nothing new: spacing polls (it does not hold them; check its timeout)",
+        metadata: ["min_interval_ms": String(Int(settings.minPollInterval * 1000))])
+    }
+    if first || spacing.streak.nonzeroBitCount == 1 {
+      // Said when spacing starts and as it grows (streaks of 1, 2, 4, 8, …), not on every poll.
+      let detail = JSONText.object([
+        "reason": JSONText.quoted("instant_empty_answers"), "streak": String(spacing.streak),
+        "next_poll_ms": String(Int(delay * 1000)),
+      ])
+      republishState(extra: [("spacing", detail)])
+    }
+    do {
+      try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
+      return true
+    } catch {
+      return false
+    }
+  }
+
+  /// Publishes the current state's status event again, with `extra` fields.
+  private func republishState(extra: [(String, String)] = []) {
+    var fields = [("state", JSONText.quoted(state.rawValue)), ("adapter", JSONText.quoted(adapter.name))]
+    fields += extra
+    feed.assumeIsolated {
+      $0.publishStatus("{" + fields.map { "\(JSONText.quoted($0.0)):\($0.1)" }.joined(separator: ",") + "}")
+    }
+  }
+
   private func setState(_ next: State, extra: KeyValuePairs<String, String> = [:]) {
     let changed = next != state
     state = next
@@ -637,6 +690,10 @@ public struct UpstreamStatistics: Sendable {
   public var storeFailures = 0
   public var backoffAttempt = 0
   public var nextRetryDelay = 0.0
+  /// Pauses before a poll because the previous ones came back at once with nothing new (`PollSpacing`).
+  public var spacedPolls = 0
+  /// The current pause before the next poll for that reason (0: not spacing).
+  public var pollSpacing = 0.0
   public var lastPollCompleted: Double?
   /// When the latest poll was sent.
   public var pollStarted: Double?

@@ -22,6 +22,7 @@ struct AccountsHarness: StoppableHarness {
     let base = fixtureURL ?? "http://\(fixture.address)"
     var worker = UpstreamWorker.Settings()
     worker.backoff = Backoff(base: 0.05, cap: 0.2)
+    worker.minPollInterval = 0.25
     let makeAdapter: @Sendable (String) -> UpstreamAdapter
     if var generic {
       generic.urlTemplate = generic.urlTemplate.replacingOccurrences(of: "FIXTURE", with: fixture.address)

@@ -18,14 +18,20 @@ final class CapturingServer: @unchecked Sendable {  // state behind `lock`; the 
   private let socket: ListeningSocket
   let status: Int
   let body: String
+  /// Answers a request (its number from 0, the request) with a status and body instead of the canned ones.
+  let respond: (@Sendable (Int, Request) -> (Int, String))?
 
   var port: Int { socket.port }
   var url: String { "http://127.0.0.1:\(socket.port)" }
 
-  init(status: Int = 401, body: String = "{\"error\":\"no\"}") throws {
+  init(
+    status: Int = 401, body: String = "{\"error\":\"no\"}",
+    respond: (@Sendable (Int, Request) -> (Int, String))? = nil
+  ) throws {
     socket = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 16)
     self.status = status
     self.body = body
+    self.respond = respond
     let flags = fcntl(socket.fd, F_GETFL)
     _ = fcntl(socket.fd, F_SETFL, flags & ~O_NONBLOCK)
     let thread = Thread { [self] in acceptLoop() }
@@ -67,7 +73,11 @@ final class CapturingServer: @unchecked Sendable {  // state behind `lock`; the 
       // Answer every complete request in the buffer, then read more.
       while let (request, used) = CapturingServer.parse(buffer) {
         buffer.removeFirst(used)
-        lock.withLock { requests.append(request) }
+        let number = lock.withLock {
+          requests.append(request)
+          return requests.count - 1
+        }
+        let (status, body) = respond?(number, request) ?? (self.status, self.body)
         let answer =
           "HTTP/1.1 \(status) Canned\r\nContent-Type: application/json\r\nContent-Length: \(body.utf8.count)\r\n\r\n"
           + body

@@ -15,6 +15,8 @@ struct UpstreamHarness: StoppableHarness {
     var settings = UpstreamWorker.Settings()
     settings.startFrom = startFrom
     settings.backoff = Backoff(base: 0.05, cap: 0.2)
+    // The fixture holds polls for about a second in tests; instant answers (faults) are spaced less than in use.
+    settings.minPollInterval = 0.25
     settings.idleAfter = idleAfter
     return settings
   }

@@ -37,6 +37,11 @@ public actor FeedReplica {
   /// Upstream ids of the latest events (no bytes): a new leader recognises an upstream resending them.
   private var recent: [StoredEvent] = []
   private var status: String?
+  /// The generation of the feed's data this node knows (`StoredFeed.generation`); another one in Redis means
+  /// the store lost the feed.
+  private var generation: String?
+  /// The source that filled the feed in Redis, when it is not this node's: the node then serves nobody.
+  private var foreignSource: String?
   public private(set) var statistics = Statistics()
 
   public struct Statistics: Sendable {
@@ -44,6 +49,10 @@ public actor FeedReplica {
     public var leaseLosses = 0
     public var followedEvents = 0
     public var gaps = 0
+    /// Times this node found the feed's data gone from Redis (restarted empty) or of another generation.
+    public var storeLosses = 0
+    /// Leases found without an expiry, and given one.
+    public var leaseRepairs = 0
     /// Seconds from the takeover's first lease answer until this node polled (catch-up included).
     public var lastTakeoverSeconds = 0.0
   }
@@ -59,6 +68,7 @@ public actor FeedReplica {
     self.leaseSeconds = leaseSeconds
     self.logger = logger
     self.recent = FeedReplica.remembered(restored?.events ?? [], after: [])
+    self.generation = restored?.generation
   }
 
   public var feedName: String { feed.storeKey }
@@ -101,6 +111,15 @@ public actor FeedReplica {
 
   private func answered(_ answer: RedisEventStore.LeaseAnswer, sent: Double) {
     guard role != .stopped, !takingOver else { return }
+    if foreignSource != nil, answer != .foreign(foreignSource ?? "") {
+      if case .failed = answer {
+      } else {
+        // The feed is this node's source again (the operator cleared the prefix).
+        foreignSource = nil
+        feed.assumeIsolated { $0.setUnavailable(nil) }
+        follow()
+      }
+    }
     switch answer {
     case .held(let held, let fresh):
       lastError = nil
@@ -111,14 +130,24 @@ public actor FeedReplica {
         if role == .leader { stepDown("the lease expired before it was renewed") }
         takeOver(held)
       }
-    case .heldBy(let holder):
+    case .heldBy(let holder, let repaired):
       lastError = nil
-      let node = holder.split(separator: "/").dropLast().joined(separator: "/")
+      if repaired {
+        statistics.leaseRepairs += 1
+        logger.error(
+          "the feed's lease had no expiry (written by hand or by another tool): one was set, so polling resumes"
+            + " when its holder is gone", metadata: ["feed": feedName, "lease": holder])
+      }
+      // Tokens are <node>/<instance>/<epoch>.
+      let parts = holder.split(separator: "/")
+      let node = parts.count >= 3 ? parts.dropLast(2).joined(separator: "/") : parts.dropLast().joined(separator: "/")
       if leader != node {
         leader = node
         setStatus()
       }
       if role == .leader { stepDown("the lease is held by \(holder)") }
+    case .foreign(let stored):
+      refuse(stored)
     case .failed(let error):
       lastError = error
       setStatus()
@@ -176,6 +205,7 @@ public actor FeedReplica {
       lastError = error.description
       logger.warning("takeover abandoned", metadata: ["feed": feedName, "error": error.description])
     case .success(let stored):
+      checkGeneration(stored.generation)
       // Renew once more: the catch-up may have taken a while, and polling starts only under a fresh lease.
       let renewal = MonotonicClock.seconds()
       store.lease(feed: feedName, token: newToken, milliseconds: Int(leaseSeconds * 1000)) { [weak self] answer in
@@ -232,13 +262,56 @@ public actor FeedReplica {
 
   private func connectionChanged() {
     if !store.readerConnected { readerChecked = false }
+    // Unconfirmed from the first instant: Redis may have restarted empty, and another node may take the free lease
+    // before this one's deadline. The lease is confirmed again (and caught up) once the connection is back.
+    if !store.connection.connected && role == .leader {
+      stepDown("the redis connection was lost: the lease is unconfirmed until it is renewed")
+    }
     setStatus()
     if store.connection.connected && role == .follower && !takingOver { tick() }
     follow()
   }
 
+  /// Compares the generation Redis holds with the one this node knew: a different one (or none, once this node
+  /// knew one) means Redis lost the feed, and with it the cursor and whatever was upstream meanwhile. Never silent:
+  /// every stream ends, clients resuming across the loss get `reset`, and the status says why.
+  private func checkGeneration(_ stored: String?) {
+    defer { if stored != nil { generation = stored } }
+    guard let known = generation, stored != known else { return }
+    statistics.storeLosses += 1
+    generation = nil
+    let ended = feed.assumeIsolated {
+      $0.storeLost("redis no longer holds this feed's data (restarted empty?): events polled meanwhile are lost")
+    }
+    logger.error(
+      "redis lost the feed's data: streams ended, clients that resume get a reset",
+      metadata: [
+        "feed": feedName, "known_generation": known, "stored": stored ?? "none", "streams_ended": String(ended),
+      ])
+  }
+
+  /// The feed in Redis was filled from another source: this node neither leads nor follows it, serves nobody, and
+  /// `/readyz` says why, until the lease script sees this node's source again.
+  private func refuse(_ stored: String) {
+    if foreignSource == nil {
+      logger.error(
+        "the redis feed was filled from another source: serving nobody",
+        metadata: ["feed": feedName, "stored_source": stored, "source": store.source ?? "", "prefix": store.prefix])
+    }
+    foreignSource = stored
+    if role == .leader { stepDown("the feed belongs to another source") }
+    let reason = foreignReason
+    feed.assumeIsolated { $0.setUnavailable(reason) }
+  }
+
+  private var foreignReason: String {
+    "the store (prefix \(store.prefix)) holds feed \(feedName) of \(foreignSource ?? "?"), not this relay's"
+      + " \(store.source ?? "?"): give this deployment its own store.redis_prefix"
+  }
+
   private func follow() {
-    guard role == .follower, !reading, store.readerConnected, store.connection.connected else { return }
+    guard role == .follower, foreignSource == nil, !reading, store.readerConnected, store.connection.connected
+    else { return }
     reading = true
     guard readerChecked else {
       // After a (re)connection: were events trimmed before this node read them?
@@ -246,6 +319,7 @@ public actor FeedReplica {
         self?.assumeIsolated { replica in
           replica.reading = false
           guard case .success(let stored) = result else { return }
+          replica.checkGeneration(stored.generation)
           let head = replica.feed.assumeIsolated { $0.headID }
           if stored.floorID > head {
             replica.statistics.gaps += 1
@@ -327,6 +401,7 @@ public actor FeedReplica {
   public func readiness() -> (ready: Bool, reason: String) {
     let connection = store.connection
     guard connection.connected else { return (false, "redis unreachable: \(connection.error ?? "connecting")") }
+    if foreignSource != nil { return (false, foreignReason) }
     switch role {
     case .leader:
       let (ready, reason) = worker?.assumeIsolated { $0.readiness() } ?? (true, "no upstream configured")

@@ -29,6 +29,13 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   /// Seconds a command may wait for its reply before the connection is dropped (a hung Redis), and the time
   /// budget of the sync load at start.
   public let commandTimeout: Double
+  /// Who fills the feeds (`Configuration.sourceIdentity`), recorded in each feed's meta when its lease is first
+  /// taken: a node of another source never leads, follows or serves it. nil: not checked (tests of the store).
+  public let source: String?
+  /// This process's own part of every lease token (`<node>/<instance>/<epoch>`): two processes configured with one
+  /// `store.node_id` never take each other's lease for their own, even after Redis lost its data and the epoch
+  /// counter restarted.
+  let instance = String(UInt64.random(in: 0...UInt64.max), radix: 36)
   let logger: Logger
 
   public var kind: String { "redis" }
@@ -53,8 +60,9 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
 
   public init(
     address: RedisAddress, prefix: String = "pollcast", nodeID: String? = nil, commandTimeout: Double = 5,
-    logger: Logger
+    source: String? = nil, logger: Logger
   ) {
+    self.source = source
     self.address = address
     self.prefix = prefix
     self.nodeID = nodeID ?? RedisEventStore.defaultNodeID()
@@ -166,17 +174,12 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   public func load(feed: String) throws(StoreError) -> StoredFeed? {
     let client = try RedisSyncClient(address: address, timeout: commandTimeout)
     defer { client.close() }
-    let meta = try client.run(["HMGET", key(feed, "meta"), "head", "floor", "position"])
-    guard let fields = meta.elements, fields.count == 3 else { throw unexpected(meta) }
+    let meta = try client.run(["HMGET", key(feed, "meta")] + RedisEventStore.metaFields)
+    guard let fields = meta.elements, fields.count == RedisEventStore.metaFields.count else { throw unexpected(meta) }
+    let parsed = try parseMeta(fields, feed: feed)
     let head = fields[0].text.flatMap { UInt64($0) }
-    let floor = fields[1].text.flatMap { UInt64($0) } ?? 0
-    var position: FeedPosition?
-    if let text = fields[2].text {
-      guard let decoded = RedisEventStore.decodePosition(text) else {
-        throw StoreError(.corrupt, path: address.description, "\(key(feed, "meta")): the position is not readable")
-      }
-      position = decoded
-    }
+    let floor = parsed.floorID
+    let position = parsed.position
     // Other nodes write while this one reads (in chunks, so not one snapshot): read only up to the head read
     // above (what comes later is followed from there), and let the floor rise to below the first entry read (what
     // lay below it was trimmed meanwhile).
@@ -192,9 +195,55 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
       guard parsed.count == RedisEventStore.chunk, let last = parsed.last else { break }
       after = last.id
     }
-    guard head != nil || !events.isEmpty || position != nil else { return nil }
+    guard head != nil || !events.isEmpty || position != nil else {
+      return parsed.generation == nil
+        ? nil
+        : StoredFeed(
+          headID: 0, floorID: 0, events: [], position: nil,
+          generation: parsed.generation)
+    }
     let lowest = events.first.map { $0.id > 0 ? $0.id - 1 : 0 } ?? stored
-    return StoredFeed(headID: stored, floorID: max(floor, lowest), events: events, position: position)
+    return StoredFeed(
+      headID: stored, floorID: max(floor, lowest), events: events, position: position, unissued: parsed.unissued,
+      generation: parsed.generation)
+  }
+
+  /// What the feed's meta hash holds, in this order (`HMGET`).
+  static let metaFields = ["head", "floor", "position", "source", "generation", "unissued"]
+
+  /// The meta hash's fields (`metaFields`) checked: a position or ranges that cannot be read are damage, a stored
+  /// head beyond any id is damage, and another source is refused.
+  func parseMeta(_ fields: [RedisReply], feed: String) throws(StoreError) -> StoredFeed {
+    let head = fields[0].text.flatMap { UInt64($0) } ?? 0
+    try StoredFeed.checkHead(head, feed: feed, path: address.description)
+    var position: FeedPosition?
+    if let text = fields[2].text {
+      guard let decoded = RedisEventStore.decodePosition(text) else {
+        throw StoreError(.corrupt, path: address.description, "\(key(feed, "meta")): the position is not readable")
+      }
+      position = decoded
+    }
+    if let source, let stored = fields[3].text, stored != source {
+      throw sourceMismatch(stored: stored, feed: feed)
+    }
+    var unissued: [ClosedRange<UInt64>] = []
+    if let text = fields[5].text {
+      guard let ranges = UnissuedRanges.decode(text) else {
+        throw StoreError(
+          .corrupt, path: address.description, "\(key(feed, "meta")): the unissued ranges are not readable")
+      }
+      unissued = ranges
+    }
+    return StoredFeed(
+      headID: head, floorID: fields[1].text.flatMap { UInt64($0) } ?? 0, events: [], position: position,
+      unissued: unissued, generation: fields[4].text)
+  }
+
+  func sourceMismatch(stored: String, feed: String) -> StoreError {
+    StoreError(
+      .sourceMismatch, path: address.description,
+      "feed \(feed) under prefix \(prefix) was filled from \(stored), but this relay is configured for"
+        + " \(source ?? "(unchecked)"): give this deployment its own store.redis_prefix")
   }
 
   public func load(feed: String, completion: @escaping @Sendable (Result<StoredFeed?, StoreError>) -> Void) {
@@ -358,8 +407,10 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   public enum LeaseAnswer: Sendable, Equatable {
     /// This node holds the lease with `token` (`fresh`: newly taken, not renewed).
     case held(token: String, fresh: Bool)
-    /// Another node holds it.
-    case heldBy(String)
+    /// Another node holds it (`repaired`: the lease had no expiry, and now has one).
+    case heldBy(String, repaired: Bool = false)
+    /// The feed was filled from another source than this node's: it must not be led, followed or served.
+    case foreign(String)
     /// Redis did not answer.
     case failed(String)
   }
@@ -372,8 +423,9 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     }
     command.send(
       RedisEventStore.arguments([
-        "EVAL", RedisEventStore.leaseScript, "2", key(feed, "lease"), key(feed, "epoch"), nodeID,
-        String(milliseconds), token ?? "",
+        "EVAL", RedisEventStore.leaseScript, "3", key(feed, "lease"), key(feed, "epoch"), key(feed, "meta"),
+        "\(nodeID)/\(instance)", String(milliseconds), token ?? "", source ?? "",
+        String(UInt64.random(in: 1...UInt64.max), radix: 36),
       ])
     ) { reply in
       guard let elements = reply?.elements, elements.count == 2, case .integer(let code) = elements[0],
@@ -382,7 +434,12 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
         completion(.failed(reply.map { "\($0)" } ?? "redis connection lost"))
         return
       }
-      completion(code == 0 ? .heldBy(holder) : .held(token: holder, fresh: code == 2))
+      switch code {
+      case 0: completion(.heldBy(holder))
+      case 3: completion(.foreign(holder))
+      case 4: completion(.heldBy(holder, repaired: true))
+      default: completion(.held(token: holder, fresh: code == 2))
+      }
     }
   }
 
@@ -395,18 +452,13 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
       completion(.failure(address.unavailable("redis unreachable")))
       return
     }
-    command.send(RedisEventStore.arguments(["HMGET", key(feed, "meta"), "head", "floor", "position"])) {
+    command.send(RedisEventStore.arguments(["HMGET", key(feed, "meta")] + RedisEventStore.metaFields)) {
       [self] reply in
-      guard let fields = reply?.elements, fields.count == 3 else {
+      guard let fields = reply?.elements, fields.count == RedisEventStore.metaFields.count else {
         completion(.failure(address.unavailable("redis: \(String(describing: reply))")))
         return
       }
-      let position = fields[2].text.flatMap { RedisEventStore.decodePosition($0) }
-      completion(
-        .success(
-          StoredFeed(
-            headID: fields[0].text.flatMap { UInt64($0) } ?? 0, floorID: fields[1].text.flatMap { UInt64($0) } ?? 0,
-            events: [], position: position)))
+      completion(Result { () throws(StoreError) in try parseMeta(fields, feed: feed) })
     }
   }
 
@@ -469,7 +521,9 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
       Array(key(batch.feed, "lease").utf8), Array(key(batch.feed, "events").utf8), Array(key(batch.feed, "meta").utf8),
       Array(token.utf8), Array(String(batch.headID).utf8), Array(String(batch.floorID).utf8),
       Array((batch.position.map(RedisEventStore.encodePosition) ?? "").utf8),
-      Array(String(batch.forgetStreams.count).utf8),
+      Array(String(batch.forgetStreams.count).utf8), Array((source ?? "").utf8),
+      // "" leaves the ranges as they are; "-" stores none.
+      Array((batch.unissued.map { $0.isEmpty ? "-" : UnissuedRanges.encode($0) } ?? "").utf8),
     ]
     arguments.reserveCapacity(arguments.count + batch.forgetStreams.count + batch.events.count * 6)
     for stream in batch.forgetStreams { arguments.append(Array(stream.utf8)) }
@@ -534,7 +588,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
         }
         index += 2
       }
-      guard let bytes, SQLiteEventStore.carries(id: id, bytes), events.last.map({ id > $0.id }) ?? true else {
+      guard let bytes, StoredEvent.isFrame(id: id, bytes), events.last.map({ id > $0.id }) ?? true else {
         throw StoreError(.corrupt, path: address.description, "stream entry \(name) is not a Pollcast event")
       }
       event.bytes = ByteSlice(bytes)
@@ -550,15 +604,29 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
 
   // MARK: Scripts
 
-  /// KEYS: lease, epoch. ARGV: node, milliseconds, the token this node holds ("" for none).
-  /// Returns {1, token} renewed, {2, token} newly taken, {0, holder} held by another node.
+  /// KEYS: lease, epoch, meta. ARGV: node/instance, milliseconds, the token this node holds ("" for none), this
+  /// node's source ("": unchecked), a new random generation.
+  /// Returns {1, token} renewed, {2, token} newly taken, {0, holder} held by another node, {3, source} the feed
+  /// belongs to another source, {4, holder} held by another node but without an expiry (one is set now: a lease
+  /// written by hand or by a broken tool would otherwise stop all polling for good while every node looks ready).
+  /// Taking a lease records the source and, when the feed has none, a generation.
   static let leaseScript = """
+    local source = redis.call('HGET', KEYS[3], 'source')
+    if ARGV[4] ~= '' and source and source ~= ARGV[4] then return {3, source} end
     local holder = redis.call('GET', KEYS[1])
     if holder and holder == ARGV[3] then
       redis.call('PEXPIRE', KEYS[1], ARGV[2])
       return {1, holder}
     end
-    if holder then return {0, holder} end
+    if holder then
+      if redis.call('PTTL', KEYS[1]) == -1 then
+        redis.call('PEXPIRE', KEYS[1], ARGV[2])
+        return {4, holder}
+      end
+      return {0, holder}
+    end
+    if ARGV[4] ~= '' and not source then redis.call('HSET', KEYS[3], 'source', ARGV[4]) end
+    if not redis.call('HGET', KEYS[3], 'generation') then redis.call('HSET', KEYS[3], 'generation', ARGV[5]) end
     local token = ARGV[1] .. '/' .. redis.call('INCR', KEYS[2])
     redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
     return {2, token}
@@ -570,8 +638,9 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     return 0
     """
 
-  /// KEYS: lease, events, meta. ARGV: token, head, floor, position ("": unchanged), n forgotten streams, the
-  /// forgotten streams, then six per event: id, stream, upstream id, Unix time, type, bytes.
+  /// KEYS: lease, events, meta. ARGV: token, head, floor, position ("": unchanged), n forgotten streams, this
+  /// node's source ("": unchecked), unissued ranges ("": unchanged, "-": none), the forgotten streams, then six per
+  /// event: id, stream, upstream id, Unix time, type, bytes.
   /// Every check comes before the first write: the script lands whole or not at all.
   static let commitScript = """
     local function above(a, b)
@@ -581,13 +650,19 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     if redis.call('GET', KEYS[1]) ~= ARGV[1] then
       return redis.error_reply('FENCED this node no longer holds the lease')
     end
+    local source = redis.call('HGET', KEYS[3], 'source')
+    if ARGV[6] ~= '' and source and source ~= ARGV[6] then
+      return redis.error_reply('FENCED the feed was filled from another source: ' .. source)
+    end
     local head = redis.call('HGET', KEYS[3], 'head') or '0'
     local forget = tonumber(ARGV[5])
-    local first = 6 + forget
+    local first = 8 + forget
     if #ARGV >= first and not above(ARGV[first], head) then
       return redis.error_reply('STALE id ' .. ARGV[first] .. ' is not above the stored head ' .. head)
     end
-    for i = 6, 5 + forget do
+    if ARGV[7] == '-' then redis.call('HDEL', KEYS[3], 'unissued')
+    elseif ARGV[7] ~= '' then redis.call('HSET', KEYS[3], 'unissued', ARGV[7]) end
+    for i = 8, 7 + forget do
       local entries = redis.call('XRANGE', KEYS[2], '-', '+')
       for _, entry in ipairs(entries) do
         local fields = entry[2]

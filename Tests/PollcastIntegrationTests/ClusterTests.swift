@@ -14,8 +14,12 @@ import Testing
     var socket: String { directory.appendingPathComponent("redis.sock").path }
     var url: String { "unix://\(socket)" }
 
-    init(directory: URL) throws {
+    /// Also listens on 127.0.0.1:`tcpPort` when given (0 or nil: the unix socket only).
+    let tcpPort: Int
+
+    init(directory: URL, tcpPort: Int = 0) throws {
       self.directory = directory
+      self.tcpPort = tcpPort
       try start()
     }
 
@@ -23,7 +27,8 @@ import Testing
       let process = Process()
       process.executableURL = URL(fileURLWithPath: "/usr/bin/redis-server")
       process.arguments = [
-        "--port", "0", "--unixsocket", socket, "--unixsocketperm", "700", "--save", "", "--appendonly", "yes",
+        "--port", String(tcpPort), "--bind", "127.0.0.1", "--unixsocket", socket, "--unixsocketperm", "700", "--save",
+        "", "--appendonly", "yes",
         "--dir", directory.path, "--logfile", directory.appendingPathComponent("redis.log").path,
       ]
       try process.run()

@@ -11,14 +11,22 @@ final class RelayProcess {
   let process = Process()
   let port: Int
 
-  init(fixture: String, store: [String], log: URL, extra: [String] = []) throws {
-    process.executableURL = URL(fileURLWithPath: builtProduct("pollcast"))
-    process.arguments =
+  /// - Parameter launcher: a command that runs the relay (its path and arguments follow), e.g. `unshare` for a
+  ///   mount namespace of its own.
+  init(fixture: String, store: [String], log: URL, extra: [String] = [], launcher: [String] = []) throws {
+    let arguments =
       [
         "--listen", "127.0.0.1:0", "--upstream-url", "http://\(fixture)", "--upstream-api-key", "dev-key",
         "--upstream-poll-timeout-seconds", "2",
         "--upstream-backoff-base-seconds", "0.05", "--upstream-backoff-cap-seconds", "0.2", "--log-level", "warning",
       ] + store + extra
+    if let first = launcher.first {
+      process.executableURL = URL(fileURLWithPath: first)
+      process.arguments = launcher.dropFirst() + [builtProduct("pollcast")] + arguments
+    } else {
+      process.executableURL = URL(fileURLWithPath: builtProduct("pollcast"))
+      process.arguments = arguments
+    }
     let out = Pipe()
     process.standardOutput = out
     let handle = try FileHandle(forWritingTo: log)

@@ -159,8 +159,12 @@ final class RedisConnection: @unchecked Sendable {
   let address: RedisAddress
   let name: String
   private var context: UnsafeMutablePointer<redisAsyncContext>?
-  /// True from the connect callback's success until the context ends.
+  /// True once Redis answered on this connection (a `PING` sent right after connecting), until the context ends.
+  /// A TCP connect alone proves nothing: a stopped (SIGSTOPped) Redis still has the kernel accept connections, and
+  /// counting those as up made `/readyz` say ready for most of the hang.
   private(set) var isConnected = false
+  /// True from the connect callback's success until the context ends (hiredis's own notion).
+  private var linked = false
   /// When each command without a reply yet was sent (replies come back in order): the watchdog's clock.
   private var sentTimes: [Double] = []
   private var sentHead = 0
@@ -168,22 +172,84 @@ final class RedisConnection: @unchecked Sendable {
   var onConnected: (() -> Void)?
   var onDown: ((String) -> Void)?
 
-  init(loop: EventLoop, address: RedisAddress, name: String) {
+  /// Seconds a name lookup or a TCP connect may take before the attempt is given up.
+  let connectTimeout: Double
+
+  init(loop: EventLoop, address: RedisAddress, name: String, connectTimeout: Double = 5) {
     self.loop = loop
     self.address = address
     self.name = name
+    self.connectTimeout = connectTimeout
   }
 
-  /// Whether a context exists (connecting or connected).
-  var isOpen: Bool { context != nil }
+  /// Whether a context exists (connecting or connected), or the host's name is being looked up.
+  var isOpen: Bool { context != nil || lookup != nil }
+  /// When the current context started connecting (the watchdog gives up on one that takes too long).
+  private(set) var connectStarted = 0.0
+  /// The name lookup under way (its number, so a late answer of an abandoned one is ignored), and its deadline.
+  private var lookup: (number: Int, timer: LoopTimer)?
+  private var lookups = 0
 
   /// Starts connecting; `onConnected` or `onDown` follows. Returns the error when it fails at once.
+  ///
+  /// A host name is looked up on another thread, never on the loop: `getaddrinfo` blocks, and with Redis stopped
+  /// in a container network a lookup took 20 s to fail, which held `/healthz` and the shutdown. The lookup has
+  /// `connectTimeout` to answer; then the attempt fails and is retried with backoff.
   @discardableResult
   func connect() -> String? {
     loop.checkIsolated()
-    guard context == nil else { return nil }
+    guard context == nil, lookup == nil else { return nil }
+    if address.socketPath != nil || AddressBlock.parse(address.host) != nil { return open(host: address.host) }
+    lookups += 1
+    let number = lookups
+    let host = address.host
+    let port = address.port
+    let timer = LoopTimer(loop: loop) { [weak self] in
+      guard let self, self.lookup?.number == number else { return }
+      self.lookup = nil
+      self.onDown?("cannot resolve \(host) within \(self.connectTimeout) s")
+    }
+    timer.schedule(after: connectTimeout)
+    lookup = (number, timer)
+    DispatchQueue.global().async { [weak self] in
+      let resolved = RedisConnection.resolve(host, port: port)
+      self?.loop.execute { [weak self] in
+        guard let self, self.lookup?.number == number else { return }
+        self.lookup = nil
+        switch resolved {
+        case .success(let numeric):
+          if let error = self.open(host: numeric) { self.onDown?(error) }
+        case .failure(let error):
+          self.onDown?("\(error)")
+        }
+      }
+    }
+    return nil
+  }
+
+  /// The first address of `host` (numeric text), looked up with `getaddrinfo` on the calling thread.
+  static func resolve(_ host: String, port: Int) -> Result<String, ConfigurationProblem> {
+    var hints = addrinfo()
+    hints.ai_family = AF_UNSPEC
+    hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+    var results: UnsafeMutablePointer<addrinfo>?
+    let status = getaddrinfo(host, String(port), &hints, &results)
+    guard status == 0, let first = results else {
+      return .failure(ConfigurationProblem("cannot resolve \(host): \(String(cString: gai_strerror(status)))"))
+    }
+    defer { freeaddrinfo(results) }
+    var text = [CChar](repeating: 0, count: Int(NI_MAXHOST))
+    guard
+      getnameinfo(first.pointee.ai_addr, first.pointee.ai_addrlen, &text, socklen_t(text.count), nil, 0, NI_NUMERICHOST)
+        == 0
+    else { return .failure(ConfigurationProblem("cannot resolve \(host): no numeric address")) }
+    return .success(String(cString: text))
+  }
+
+  private func open(host: String) -> String? {
+    connectStarted = MonotonicClock.seconds()
     let created =
-      address.socketPath.map { redisAsyncConnectUnix($0) } ?? redisAsyncConnect(address.host, Int32(address.port))
+      address.socketPath.map { redisAsyncConnectUnix($0) } ?? redisAsyncConnect(host, Int32(address.port))
     guard let created else { return "cannot allocate a hiredis context" }
     if pollcast_redis_error(created) != 0 {
       let message = String(cString: pollcast_redis_error_text(created))
@@ -218,10 +284,41 @@ final class RedisConnection: @unchecked Sendable {
     redisAsyncDisconnect(context)
   }
 
+  /// Ends the connection now, without waiting for anything from Redis: a hung Redis (SIGSTOPped, a dead host)
+  /// never answers, and `redisAsyncDisconnect` waits for the replies still due, so the connection (and `/readyz`)
+  /// stayed up for the whole hang. Pending commands get no reply, then `onDown` runs.
+  func drop(reason: String) {
+    loop.checkIsolated()
+    guard let context else { return }
+    downReason = downReason ?? reason
+    if linked {
+      // hiredis calls the disconnect callback (now, or once the callback running returns), which ends it.
+      redisAsyncFree(context)
+    } else {
+      // Still connecting: hiredis frees it without calling either callback, so this ends it and gives back the
+      // retain the context held (taken in `open`).
+      pollcast_redis_set_data(context, nil)
+      redisAsyncFree(context)
+      withExtendedLifetime(self) {
+        Unmanaged.passUnretained(self).release()
+        ended(reason: reason)
+      }
+    }
+  }
+
   fileprivate func connected(status: Int32, error: String) {
     if status == REDIS_OK {
-      isConnected = true
-      onConnected?()
+      linked = true
+      // Up once Redis answers (after the handshake's commands, which were queued first).
+      send([Array("PING".utf8)]) { [weak self] reply in
+        guard let self, let reply, self.linked, !self.isConnected else { return }
+        if case .error(let message) = reply {
+          self.drop(reason: "PING refused: \(message)")
+          return
+        }
+        self.isConnected = true
+        self.onConnected?()
+      }
     } else {
       // hiredis frees the context after this callback, without a disconnect callback.
       ended(reason: error)
@@ -231,6 +328,7 @@ final class RedisConnection: @unchecked Sendable {
   fileprivate func ended(reason: String) {
     context = nil
     isConnected = false
+    linked = false
     sentTimes.removeAll()
     sentHead = 0
     let why = downReason ?? reason

@@ -88,8 +88,8 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
       return true
     }
     guard first else { return }
-    let command = RedisConnection(loop: loop, address: address, name: "command")
-    let reader = RedisConnection(loop: loop, address: address, name: "reader")
+    let command = RedisConnection(loop: loop, address: address, name: "command", connectTimeout: commandTimeout)
+    let reader = RedisConnection(loop: loop, address: address, name: "reader", connectTimeout: commandTimeout)
     self.command = command
     self.reader = reader
     for connection in [command, reader] {
@@ -149,10 +149,18 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   /// go in doubt, and the connection is made again.
   private func checkHung() {
     if let command, command.isConnected, command.oldestWait > commandTimeout {
-      command.disconnect(reason: "no reply for \(Int(commandTimeout)) s")
+      command.drop(reason: "no reply for \(Int(commandTimeout)) s")
     }
     if let reader, reader.isConnected, reader.oldestWait > commandTimeout + RedisEventStore.blockSeconds {
-      reader.disconnect(reason: "no reply for \(Int(commandTimeout + RedisEventStore.blockSeconds)) s")
+      reader.drop(reason: "no reply for \(Int(commandTimeout + RedisEventStore.blockSeconds)) s")
+    }
+    // A connect that neither succeeds nor fails (a host that drops SYNs) is given up too.
+    let now = MonotonicClock.seconds()
+    for connection in [command, reader].compactMap({ $0 })
+    where connection.isOpen && !connection.isConnected && connection.connectStarted > 0
+      && now - connection.connectStarted > commandTimeout
+    {
+      connection.drop(reason: "no answer within \(Int(commandTimeout)) s of connecting")
     }
   }
 
@@ -699,9 +707,18 @@ final class RedisSyncClient {
   init(address: RedisAddress, timeout: Double) throws(StoreError) {
     self.address = address
     let limit = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - timeout.rounded(.down)) * 1_000_000))
+    // The name is looked up with a bound too (hiredis's own lookup has none): a lookup that never answers fails
+    // the start with exit 74 after `timeout` instead of hanging it.
+    var host = address.host
+    if address.socketPath == nil {
+      switch RedisSyncClient.resolve(address.host, port: address.port, timeout: timeout) {
+      case .success(let numeric): host = numeric
+      case .failure(let problem): throw address.unavailable(problem.description)
+      }
+    }
     let made =
       address.socketPath.map { redisConnectUnixWithTimeout($0, limit) }
-      ?? redisConnectWithTimeout(address.host, Int32(address.port), limit)
+      ?? redisConnectWithTimeout(host, Int32(address.port), limit)
     guard let made else { throw address.unavailable("cannot allocate a context") }
     if made.pointee.err != 0 {
       let message = withUnsafeBytes(of: made.pointee.errstr) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
@@ -717,6 +734,22 @@ final class RedisSyncClient {
         throw address.unavailable("\(command[0]) refused: \(message)")
       }
     }
+  }
+
+  /// `host` as a numeric address, looked up on another thread and waited for at most `timeout` seconds.
+  static func resolve(_ host: String, port: Int, timeout: Double) -> Result<String, ConfigurationProblem> {
+    if AddressBlock.parse(host) != nil { return .success(host) }
+    let answer = Locked<Result<String, ConfigurationProblem>?>(nil)
+    let done = DispatchSemaphore(value: 0)
+    DispatchQueue.global().async {
+      let resolved = RedisConnection.resolve(host, port: port)
+      answer.withLock { $0 = resolved }
+      done.signal()
+    }
+    guard done.wait(timeout: .now() + timeout) == .success, let resolved = answer.withLock({ $0 }) else {
+      return .failure(ConfigurationProblem("cannot resolve \(host) within \(timeout) s"))
+    }
+    return resolved
   }
 
   func run(_ command: [String]) throws(StoreError) -> RedisReply {

@@ -158,7 +158,16 @@ public actor AccountHub {
   /// Refused keys (by digest only) → until when.
   private var refused: [CredentialDigest: Double] = [:]
   /// Checks in flight, by credential: later askers wait for the same answer.
-  private var checking: [CredentialDigest: [CheckedContinuation<Outcome, Never>]] = [:]
+  /// Key checks under way: the task asking the upstream, and the subscribers waiting for its answer (by number).
+  /// When the last waiter leaves (its client went away), the check is cancelled and its slot freed: a vanished
+  /// client used to hold a slot until the upstream timed out, and new subscribers got 503 `busy` meanwhile.
+  private var checking: [CredentialDigest: PendingCheck] = [:]
+  private var nextWaiter = 0
+
+  private final class PendingCheck {
+    var waiters: [Int: CheckedContinuation<Outcome, Never>] = [:]
+    var task: Task<Void, Never>?
+  }
   private var stats = Statistics()
   private var random = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
   private let digestSalt = (UInt64.random(in: 0...UInt64.max), UInt64.random(in: 0...UInt64.max))
@@ -166,6 +175,9 @@ public actor AccountHub {
   /// Highest id any evicted account's feed handed out: a new feed starts above it, so ids are never reused.
   private var highWater: UInt64 = 0
   private var boundsTimer: LoopTimer?
+  private var recheckTimer: LoopTimer?
+  /// Keys whose re-check is under way.
+  private var rechecking: Set<CredentialDigest> = []
   private var logLimiter = LogLimiter()
   private var stopped = false
   /// When a key check last reached the legacy API (any answer), and when one last could not.
@@ -219,6 +231,62 @@ public actor AccountHub {
     }
     timer.schedule(after: AccountHub.boundsPeriod)
     boundsTimer = timer
+    let recheck = LoopTimer(loop: loop, repeating: true) { [weak self] in
+      self?.assumeIsolated { $0.recheckKeys() }
+    }
+    recheck.schedule(after: max(1, settings.credentialCacheSeconds / 2))
+    recheckTimer = recheck
+  }
+
+  /// What a stream opened with `credential` is granted by (a salted digest, never the key): streams of one key can
+  /// be ended when it is revoked.
+  public func grant(for credential: String) -> String { CredentialDigest(credential, salt: digestSalt).hex }
+
+  /// Re-checks, every `credentialCacheSeconds`, each key that keeps a stream open but is not the one its account's
+  /// loop polls with (that one is checked by every poll). A secondary key revoked while another key keeps the
+  /// account polling used to go on reading for as long as that lasted: now its streams end with
+  /// `credential-revoked` within about `credentialCacheSeconds`.
+  private func recheckKeys() {
+    guard !stopped else { return }
+    let now = MonotonicClock.seconds()
+    for account in accounts.values where account.isActive {
+      let open = account.feed.assumeIsolated { $0.openGrants }
+      for (digest, entry) in account.credentials
+      where entry.credential != account.activeCredential && open.contains(digest.hex)
+        && now - entry.checkedAt >= settings.credentialCacheSeconds && !rechecking.contains(digest)
+      {
+        rechecking.insert(digest)
+        let credential = entry.credential
+        Task { await self.recheck(credential, digest: digest, of: account) }
+      }
+    }
+  }
+
+  private func recheck(_ credential: String, digest: CredentialDigest, of account: Account) async {
+    defer { rechecking.remove(digest) }
+    let adapter = upstream.makeAdapter(credential)
+    do throws(UpstreamError) {
+      _ = try await adapter.identify(makeClient(credential), isolation: self)
+      account.credentials[digest]?.checkedAt = MonotonicClock.seconds()
+    } catch {
+      // Only the upstream's own refusal counts; when it could not tell (down, timeout) the key stays.
+      if case .status(let code) = error.kind, code == 401 || code == 403 { secondaryKeyRefused(digest, of: account) }
+    }
+  }
+
+  private func secondaryKeyRefused(_ digest: CredentialDigest, of account: Account) {
+    stats.revocations += 1
+    account.credentials[digest] = nil
+    if acceptedIndex[digest] == account.key { acceptedIndex[digest] = nil }
+    remember(refusal: digest)
+    let data = JSONText.object([
+      "reason": JSONText.quoted("credential_revoked"),
+      "message": JSONText.quoted("the upstream refused this key: reconnect with a valid one"),
+    ])
+    let ended = account.feed.assumeIsolated { $0.endAll(type: "credential-revoked", data: data, grant: digest.hex) }
+    logger.warning(
+      "a key of an account was refused by the upstream on its re-check: its streams ended",
+      metadata: ["account": account.label, "streams": String(ended)])
   }
 
   // MARK: Credentials
@@ -235,9 +303,11 @@ public actor AccountHub {
       }
       refused[digest] = nil
     }
+    // The key the account's loop polls with is checked by every poll (a refusal stops the loop and forgets it), so
+    // it needs no legacy call of its own: a second subscriber of an account used to open a second legacy session.
     guard let key = acceptedIndex[digest], let account = accounts[key], account.isActive,
       let entry = account.credentials[digest], entry.credential == credential,
-      now - entry.checkedAt < settings.credentialCacheSeconds
+      now - entry.checkedAt < settings.credentialCacheSeconds || credential == account.activeCredential
     else { return nil }
     stats.credentialChecks["accepted_cached", default: 0] += 1
     account.lastUsed = now
@@ -250,17 +320,48 @@ public actor AccountHub {
     if let known = cached(credential) { return known }
     guard !stopped else { return .unavailable }
     let digest = CredentialDigest(credential, salt: digestSalt)
-    if checking[digest] != nil {
-      return await withCheckedContinuation { continuation in checking[digest]?.append(continuation) }
+    let pending: PendingCheck
+    if let running = checking[digest] {
+      pending = running
+    } else {
+      guard checking.count < settings.maxPendingChecks else {
+        stats.credentialChecks["busy", default: 0] += 1
+        return .busy
+      }
+      pending = PendingCheck()
+      checking[digest] = pending
+      // Its own task, so no waiter's cancellation cancels it; only the last waiter leaving does (`leave`).
+      pending.task = Task { [weak pending] in
+        let outcome = await self.check(credential, digest: digest, address: address)
+        guard let pending, self.checking[digest] === pending else { return }
+        self.checking[digest] = nil
+        for waiter in pending.waiters.values { waiter.resume(returning: outcome) }
+        pending.waiters.removeAll()
+      }
     }
-    guard checking.count < settings.maxPendingChecks else {
-      stats.credentialChecks["busy", default: 0] += 1
-      return .busy
+    nextWaiter += 1
+    let waiter = nextWaiter
+    let loop = loop
+    return await withTaskCancellationHandler {
+      await withCheckedContinuation { continuation in
+        pending.waiters[waiter] = continuation
+        if Task.isCancelled { leave(digest, waiter: waiter) }
+      }
+    } onCancel: {
+      loop.execute { [weak self] in
+        self?.assumeIsolated { $0.leave(digest, waiter: waiter) }
+      }
     }
-    checking[digest] = []
-    let outcome = await check(credential, digest: digest, address: address)
-    for waiter in checking.removeValue(forKey: digest) ?? [] { waiter.resume(returning: outcome) }
-    return outcome
+  }
+
+  /// A waiter's client went away: its wait ends, and with the last one the check is cancelled.
+  private func leave(_ digest: CredentialDigest, waiter: Int) {
+    guard let pending = checking[digest], let continuation = pending.waiters.removeValue(forKey: waiter) else { return }
+    continuation.resume(returning: .unavailable)
+    guard pending.waiters.isEmpty else { return }
+    checking[digest] = nil
+    pending.task?.cancel()
+    stats.credentialChecks["abandoned", default: 0] += 1
   }
 
   private func check(_ credential: String, digest: CredentialDigest, address: String?) async -> Outcome {
@@ -271,6 +372,8 @@ public actor AccountHub {
       identity = try await adapter.identify(client, isolation: self)
     } catch {
       switch error.kind {
+      case .cancelled:
+        return .unavailable  // every waiter left: nobody is told, and the upstream is not judged by it
       case .status(401), .status(403):
         lastReached = MonotonicClock.seconds()
         stats.credentialChecks["refused", default: 0] += 1
@@ -646,6 +749,7 @@ public actor AccountHub {
   public func shutdown(comment: String, spread: Double) async -> Int {
     stopped = true
     boundsTimer = nil
+    recheckTimer = nil
     for account in accounts.values {
       account.graceTimer = nil
       stopLoop(account)

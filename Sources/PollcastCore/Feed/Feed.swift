@@ -464,7 +464,7 @@ public actor Feed {
   ///   fresh credential and its Last-Event-ID.
   public func attach(
     sink: SubscriberSink, requestedID: String?, streams: Set<String>?,
-    expiry: (monotonic: Double, unix: Double)? = nil
+    expiry: (monotonic: Double, unix: Double)? = nil, grant: String? = nil
   ) -> Subscriber {
     let decision = ResumeDecision.decide(
       requested: requestedID, floorID: ring.floorID, headID: visibleHead, unissued: unissued)
@@ -480,6 +480,7 @@ public actor Feed {
       subscriber.expiresAt = expiry.monotonic
       subscriber.expiredAtUnix = expiry.unix
     }
+    subscriber.grant = grant
     if let end = [subscriber.endsAt, subscriber.expiresAt].compactMap({ $0 }).min() {
       nextEnd = min(nextEnd, end)
       startEndTimer()
@@ -669,12 +670,15 @@ public actor Feed {
   /// Ends every stream with a last id-less event of `type` (per-user relaying: `credential-revoked`). Returns how
   /// many were ended.
   @discardableResult
-  public func endAll(type: String, data: String) -> Int {
+  public func endAll(type: String, data: String, grant: String? = nil) -> Int {
     let last = ByteSlice(SSEEncoder.event(id: nil, type: type, data: data))
-    let ending = subscribers
+    let ending = subscribers.filter { grant == nil || $0.grant == grant }
     for subscriber in ending where !subscriber.isClosed { end(subscriber, with: last) }
     return ending.count
   }
+
+  /// The grants of the open streams (per-user relaying re-checks their keys).
+  public var openGrants: Set<String> { Set(subscribers.compactMap { $0.isClosed ? nil : $0.grant }) }
 
   /// Sends `comment` to every subscriber and ends every stream cleanly. With a `spread` window the streams are
   /// ended in slices across it (in random order), so thousands of browsers do not reconnect in the same

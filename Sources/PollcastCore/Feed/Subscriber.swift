@@ -36,6 +36,9 @@ public final class Subscriber: @unchecked Sendable {
   /// When its credential expires (monotonic), and the Unix time the credential named.
   var expiresAt: Double?
   var expiredAtUnix: Double?
+  /// What granted this stream (per-user relaying: a digest of the key it presented), so the streams of one key can
+  /// be ended when that key is revoked while others of its account keep the account polling.
+  public internal(set) var grant: String?
   var registryIndex = -1
   /// Monotonic time of the last fan-out write (events, status, heartbeat): a busy stream needs no heartbeat.
   var lastWrite = 0.0

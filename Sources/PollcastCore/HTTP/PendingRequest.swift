@@ -18,6 +18,38 @@ final class PendingRequest: @unchecked Sendable {  // loop thread only; Sendable
   private let connection: OpaquePointer
   private let loop: EventLoop
   private var retainedByCallback = false
+  /// Called on the loop when the client leaves while the request waits (not after `resume()`). evhttp does not
+  /// read a connection whose request it handed over, so it would notice a client that left only when the answer is
+  /// written: a watch peeks at the socket every `watchPeriod` instead.
+  var onLeft: (() -> Void)? {
+    didSet { if onLeft != nil { watch() } }
+  }
+  private var watcher: LoopTimer?
+  static let watchPeriod = 0.2
+
+  private func watch() {
+    guard watcher == nil, request != nil else { return }
+    let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in self?.peek() }
+    timer.schedule(after: PendingRequest.watchPeriod)
+    watcher = timer
+  }
+
+  /// EOF or an error on the socket (nothing to read is not one): the client is gone.
+  private func peek() {
+    guard request != nil, let bufferevent = evhttp_connection_get_bufferevent(connection) else {
+      watcher = nil
+      return
+    }
+    let fd = bufferevent_getfd(bufferevent)
+    guard fd >= 0 else { return }
+    var byte: UInt8 = 0
+    let count = recv(fd, &byte, 1, Int32(MSG_PEEK | MSG_DONTWAIT))
+    guard count == 0 || (count < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) else { return }
+    watcher = nil
+    let left = onLeft
+    onLeft = nil
+    left?()
+  }
 
   init?(_ request: HTTPRequest, loop: EventLoop) {
     guard let connection = request.connection else { return nil }
@@ -34,6 +66,8 @@ final class PendingRequest: @unchecked Sendable {  // loop thread only; Sendable
     loop.assertOnLoop()
     guard let request else { return nil }
     self.request = nil
+    onLeft = nil
+    watcher = nil
     if retainedByCallback {
       retainedByCallback = false
       evhttp_connection_set_closecb(connection, nil, nil)
@@ -47,6 +81,10 @@ final class PendingRequest: @unchecked Sendable {  // loop thread only; Sendable
     // Detached (no connection any more): ours to free. Still attached: evhttp frees it with the connection.
     if let request, evhttp_request_get_connection(request.raw) == nil { evhttp_request_free(request.raw) }
     request = nil
+    watcher = nil
+    let left = onLeft
+    onLeft = nil
+    left?()
   }
 }
 

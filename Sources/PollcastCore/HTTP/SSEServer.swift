@@ -335,12 +335,14 @@ public actor SSEServer {
   ) {
     guard let pending = PendingRequest(request, loop: loop) else { return }
     listener?.responseStaysOpen()
-    Task {
+    let task = Task {
       let result = await work(self)
       guard let request = pending.resume() else { return }  // the client left meanwhile
       request.setHeader("Connection", "close")  // no keep-alive deadline was armed for a parked request
       answer(self, request, result)
     }
+    // A client that leaves cancels its wait (a key check with no waiter left is cancelled too).
+    pending.onLeft = { task.cancel() }
   }
 
   /// `auth.mode = upstream`: the subscriber's legacy key opens its account's feed. A key the hub already knows
@@ -376,7 +378,8 @@ public actor SSEServer {
           cors: ask.cors)
         return
       }
-      openStream(request, ask, identity: nil, account: account)
+      openStream(
+        request, ask, identity: nil, account: account, grant: hub?.assumeIsolated { $0.grant(for: credential) })
     case .refused(let reason):
       authFailures[reason, default: 0] += 1
       admission.recordFailure(ask.address, now: MonotonicClock.seconds())
@@ -423,7 +426,7 @@ public actor SSEServer {
   /// then starts the stream.
   private func openStream(
     _ request: HTTPRequest, _ ask: StreamAsk, identity: Result<TokenClaims, TokenRejection>?,
-    account: AccountHub.Account? = nil
+    account: AccountHub.Account? = nil, grant: String? = nil
   ) {
     let feed = account?.feed ?? self.feed
     let cors = ask.cors
@@ -513,7 +516,7 @@ public actor SSEServer {
     sink.begin()
     openStreams += 1
     let subscriber = feed.assumeIsolated { feed in
-      feed.attach(sink: sink, requestedID: requestedID, streams: streams, expiry: expiry)
+      feed.attach(sink: sink, requestedID: requestedID, streams: streams, expiry: expiry, grant: grant)
     }
     sink.onClose = { [weak self] in
       self?.assumeIsolated { server in

@@ -41,9 +41,13 @@ struct AccountsHarness: StoppableHarness {
     return AccountsHarness(fixture: fixture, relay: relay)
   }
 
-  static func fastSettings(grace: Double = 30) -> AccountHub.Settings {
+  static func fastSettings(grace: Double = 30, credentialCache: Double = 30, maxPendingChecks: Int = 1000)
+    -> AccountHub.Settings
+  {
     var settings = AccountHub.Settings()
     settings.grace = grace
+    settings.credentialCacheSeconds = credentialCache
+    settings.maxPendingChecks = maxPendingChecks
     return settings
   }
 

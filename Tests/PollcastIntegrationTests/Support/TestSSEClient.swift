@@ -8,6 +8,8 @@ final class TestSSEClient {
   let fd: Int32
   private(set) var status = 0
   private(set) var headers: [String: String] = [:]
+  /// The response head as it came (status line and header lines), for tests that count repeated headers.
+  private(set) var rawHead = ""
   private(set) var events: [SSEParser.Event] = []
   private(set) var parser = SSEParser()
   private(set) var isEOF = false
@@ -113,6 +115,7 @@ final class TestSSEClient {
     buffer.append(contentsOf: bytes)
     guard let end = buffer.firstRange(of: [13, 10, 13, 10]) else { return }
     let head = String(decoding: buffer[..<end.lowerBound], as: UTF8.self)
+    rawHead = head
     let rest = buffer[end.upperBound...]
     buffer = []
     var lines = head.components(separatedBy: "\r\n")

@@ -154,13 +154,13 @@ import Testing
     // Followers' reads: a chunk after an id, and a blocking read that returns what is there at once.
     let after101: [StoredEvent] = await withCheckedContinuation { continuation in
       a.loop.execute { [store = a.store] in
-        store.read(feed: "shared", after: 101) { continuation.resume(returning: (try? $0.get()) ?? []) }
+        store.read(feed: "shared", after: 101) { continuation.resume(returning: (try? $0.get())?.events ?? []) }
       }
     }
     #expect(after101.map(\.id) == [102, 105])
     let followed: [StoredEvent] = await withCheckedContinuation { continuation in
       a.loop.execute { [store = a.store] in
-        store.follow(feed: "shared", after: 102) { continuation.resume(returning: (try? $0.get()) ?? []) }
+        store.follow(feed: "shared", after: 102) { continuation.resume(returning: (try? $0.get())?.events ?? []) }
       }
     }
     #expect(followed.map(\.id) == [105])

@@ -74,6 +74,20 @@ import Testing
     #expect(!result.stderr.contains("secret"), "userinfo is never shown")
   }
 
+  /// A relay node on `redis` (lease 1 s) polling `fixture`, in-process.
+  static func redisNode(_ name: String, redis: ClusterTests.RedisProcess, fixture: LegacyFixture) async throws -> Relay
+  {
+    let logger = Logger(label: "test", level: .critical)
+    let store = RedisEventStore(
+      address: try RedisAddress.parse(redis.url).get(), nodeID: name, commandTimeout: 1, source: "chat test",
+      logger: logger)
+    let adapter = ChatAdapter(baseURL: "http://\(fixture.address)", holdSeconds: 1, marginSeconds: 1, requestTimeout: 3)
+    return try await Relay.start(
+      server: ServerSettings(host: "127.0.0.1", port: 0), feed: FeedSettings(heartbeatInterval: 5), logger: logger,
+      store: store, upstream: .init(adapter: adapter, settings: UpstreamHarness.fastSettings(), apiKey: "dev-key"),
+      leaseSeconds: 1)
+  }
+
   /// Redis restarted empty while the relay ran: the stored cursor and whatever came upstream meanwhile are gone.
   /// The relay says so (`upstream` status `store_lost`), ends its streams, and a client resuming across the loss
   /// gets `reset` (`too_old`) instead of a silent gap under rising ids.
@@ -86,15 +100,7 @@ import Testing
     var options = LegacyFixture.Options()
     options.linkedUserID = nil
     let fixture = try await LegacyFixture.start(options)
-    let logger = Logger(label: "test", level: .critical)
-    let store = RedisEventStore(
-      address: try RedisAddress.parse(redis.url).get(), nodeID: "n1", commandTimeout: 1, source: "chat test",
-      logger: logger)
-    let adapter = ChatAdapter(baseURL: "http://\(fixture.address)", holdSeconds: 1, marginSeconds: 1, requestTimeout: 3)
-    let relay = try await Relay.start(
-      server: ServerSettings(host: "127.0.0.1", port: 0), feed: FeedSettings(heartbeatInterval: 5), logger: logger,
-      store: store, upstream: .init(adapter: adapter, settings: UpstreamHarness.fastSettings(), apiKey: "dev-key"),
-      leaseSeconds: 1)
+    let relay = try await Self.redisNode("n1", redis: redis, fixture: fixture)
     try await waitReady(port: relay.port, timeout: 10 * timingFactor)
     let client = try TestSSEClient(port: relay.port)
     try client.waitUntil(timeout: 10, "live") {
@@ -119,6 +125,75 @@ import Testing
     #expect(resumed.events(ofType: "reset").first?.data.contains(#""reason":"too_old""#) == true)
     let statistics = await relay.replica?.statistics
     #expect(statistics?.storeLosses == 1)
+    await relay.shutdown(deadline: 2)
+    await fixture.shutdown()
+  }
+
+  /// An entry no relay wrote, above the stored head (by hand, or another tool): the leader's next commit is fenced,
+  /// it steps down, and the next leader skips the entry (counted) and goes on above it; the follower skips it too
+  /// and shows the next real event (a malformed entry used to stop following, and every commit failed for good).
+  @Test func aForeignStreamEntryIsSkippedByFollowersAndLeadersAlike() async throws {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-foreign-\(UUID())")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let redis = try ClusterTests.RedisProcess(directory: directory)
+    defer { redis.stop() }
+    var options = LegacyFixture.Options()
+    options.linkedUserID = nil
+    let fixture = try await LegacyFixture.start(options)
+    func node(_ name: String) async throws -> Relay { try await Self.redisNode(name, redis: redis, fixture: fixture) }
+    let a = try await node("a")
+    try await waitReady(port: a.port, timeout: 10 * timingFactor)
+    let b = try await node("b")
+    try await waitReady(port: b.port, timeout: 10 * timingFactor)
+    let clients = [try TestSSEClient(port: a.port), try TestSSEClient(port: b.port)]
+    _ = await fixture.append(user: "101", texts: ["m1"])
+    for client in clients { try client.waitUntil(timeout: 10, "m1") { $0.relayedMessages.count == 1 } }
+    let head = try #require(UInt64(clients[0].events(ofType: "message").last?.lastEventID ?? ""))
+    _ = try ClusterTests.RedisProcess.send(
+      "XADD pollcast{shared}:events \(head + 1000)-0 d junk-written-by-hand", to: redis.socket)
+    _ = await fixture.append(user: "101", texts: ["m2"])
+    for client in clients {
+      try client.waitUntil(timeout: 20 * timingFactor, "m2") { $0.relayedMessages.count == 2 }
+      #expect(client.relayedMessages.map(\.text) == ["m1", "m2"])
+      #expect(!client.bodyText.contains("junk"))
+      let ids = client.messageIDs
+      #expect(ids.last.map { $0 > head + 1000 } == true, "the next id goes above the foreign entry: \(ids)")
+    }
+    let skipped = [a.feed.store.statistics().foreignEntries, b.feed.store.statistics().foreignEntries]
+    #expect(skipped.allSatisfy { $0 >= 1 }, "\(skipped)")
+    await a.shutdown(deadline: 2)
+    await b.shutdown(deadline: 2)
+    await fixture.shutdown()
+  }
+
+  /// While a node runs, its feed in Redis turns out to belong to another source (another deployment on the same
+  /// prefix): the node stops leading and following, `/readyz` answers 503 naming both sources, its open streams end
+  /// and new ones get 503 `feed_unavailable`; once the feed is its source's again, it serves again.
+  @Test func aFeedThatTurnsForeignWhileRunningServesNobody() async throws {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-turned-\(UUID())")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let redis = try ClusterTests.RedisProcess(directory: directory)
+    defer { redis.stop() }
+    let fixture = try await LegacyFixture.start(LegacyFixture.Options())
+    let relay = try await Self.redisNode("n1", redis: redis, fixture: fixture)
+    try await waitReady(port: relay.port, timeout: 10 * timingFactor)
+    let client = try TestSSEClient(port: relay.port)
+    try client.waitForHead()
+    _ = try ClusterTests.RedisProcess.send("HSET pollcast{shared}:meta source other-deployment", to: redis.socket)
+    try client.waitUntil(timeout: 10 * timingFactor, "the end of the stream") { $0.endedCleanly }
+    let ready = try httpGet(port: relay.port, "/readyz")
+    #expect(ready.status == 503)
+    #expect(ready.body.contains("other-deployment") && ready.body.contains("chat test"), "\(ready.body)")
+    let refused = try httpGet(port: relay.port, "/events")
+    #expect(refused.status == 503)
+    #expect(refused.body.contains("feed_unavailable"))
+    _ = try ClusterTests.RedisProcess.send("HSET pollcast{shared}:meta source \"chat test\"", to: redis.socket)
+    try await waitReady(port: relay.port, timeout: 10 * timingFactor)
+    let again = try TestSSEClient(port: relay.port)
+    try again.waitForHead()
+    #expect(again.status == 200)
     await relay.shutdown(deadline: 2)
     await fixture.shutdown()
   }

@@ -193,6 +193,8 @@ public struct StoreStatistics: Sendable {
   public var role: String?
   public var connected: Bool?
   public var replication: FeedReplica.Statistics?
+  /// `store.kind = redis`: stream entries skipped while reading because no relay wrote them.
+  public var foreignEntries = 0
 
   public init(kind: String = "memory") { self.kind = kind }
 }

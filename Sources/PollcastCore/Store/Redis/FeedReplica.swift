@@ -32,6 +32,10 @@ public actor FeedReplica {
   private var deadlineTimer: LoopTimer?
   private var takingOver = false
   private var reading = false
+  /// The highest stream entry this node read (foreign ones included): reading goes on after it, and a new leader's
+  /// ids go above it, so an entry no relay wrote is skipped once instead of stalling readers and commits.
+  private var readCursor: UInt64 = 0
+  private var cursor: UInt64 { max(readCursor, feed.assumeIsolated { $0.headID }) }
   private var readerChecked = false
   private var lastError: String?
   /// Upstream ids of the latest events (no bytes): a new leader recognises an upstream resending them.
@@ -178,13 +182,13 @@ public actor FeedReplica {
 
   /// Reads the stream from this node's head to its end (in chunks), then the stored head and position.
   private func catchUp() {
-    store.read(feed: feedName, after: feed.assumeIsolated { $0.headID }) { [weak self] result in
+    store.read(feed: feedName, after: cursor) { [weak self] result in
       self?.assumeIsolated { replica in
         switch result {
         case .failure(let error): replica.caughtUp(.failure(error))
-        case .success(let events):
-          replica.show(events)
-          if events.count == RedisEventStore.chunk {
+        case .success(let chunk):
+          replica.show(chunk)
+          if chunk.count == RedisEventStore.chunk {
             replica.catchUp()
           } else {
             replica.store.meta(feed: replica.feedName) { [weak replica] result in
@@ -217,6 +221,9 @@ public actor FeedReplica {
             replica.logger.warning("takeover abandoned: the lease did not hold", metadata: ["answer": "\(answer)"])
             return
           }
+          var stored = stored
+          // Above every entry read, foreign ones too: the next commit's ids must be above the stream's top.
+          stored.headID = max(stored.headID, replica.readCursor)
           replica.lead(newToken, stored: stored, renewed: renewal, started: started)
         }
       }
@@ -334,12 +341,12 @@ public actor FeedReplica {
       }
       return
     }
-    store.follow(feed: feedName, after: feed.assumeIsolated { $0.headID }) { [weak self] result in
+    store.follow(feed: feedName, after: cursor) { [weak self] result in
       self?.assumeIsolated { replica in
         replica.reading = false
         switch result {
-        case .success(let events):
-          replica.show(events)
+        case .success(let chunk):
+          replica.show(chunk)
           replica.follow()
         case .failure(let error):
           replica.lastError = error.description
@@ -349,6 +356,16 @@ public actor FeedReplica {
         }
       }
     }
+  }
+
+  private func show(_ chunk: RedisEventStore.EntryChunk) {
+    if let highest = chunk.highest { readCursor = max(readCursor, highest) }
+    if !chunk.skipped.isEmpty {
+      logger.error(
+        "the feed's stream holds entries no relay wrote: skipped, never relayed",
+        metadata: ["feed": feedName, "entries": chunk.skipped.prefix(5).joined(separator: ",")])
+    }
+    show(chunk.events)
   }
 
   private func show(_ events: [StoredEvent]) {

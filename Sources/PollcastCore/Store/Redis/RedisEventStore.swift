@@ -471,7 +471,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   }
 
   /// One chunk of `feed`'s events after `id` (at most `chunk`), on the command connection.
-  func read(feed: String, after id: UInt64, completion: @escaping (Result<[StoredEvent], StoreError>) -> Void) {
+  func read(feed: String, after id: UInt64, completion: @escaping (Result<EntryChunk, StoreError>) -> Void) {
     guard let command, command.isConnected else {
       completion(.failure(address.unavailable("redis unreachable")))
       return
@@ -485,13 +485,13 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
         completion(.failure(address.unavailable("redis connection lost")))
         return
       }
-      completion(Result { () throws(StoreError) in try parseEntries(reply) })
+      completion(Result { () throws(StoreError) in try parseEntries(reply, skipping: true) })
     }
   }
 
   /// Waits (a blocking `XREAD` on the reader connection, at most `blockSeconds`) for `feed`'s events after `id`.
   /// Empty when none came in that time.
-  func follow(feed: String, after id: UInt64, completion: @escaping (Result<[StoredEvent], StoreError>) -> Void) {
+  func follow(feed: String, after id: UInt64, completion: @escaping (Result<EntryChunk, StoreError>) -> Void) {
     guard let reader, reader.isConnected else {
       completion(.failure(address.unavailable("redis unreachable")))
       return
@@ -506,14 +506,14 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
       case nil:
         completion(.failure(address.unavailable("redis connection lost")))
       case .null?:
-        completion(.success([]))
+        completion(.success(EntryChunk()))
       case let reply?:
         // [[key, [entries…]]]
         guard let streams = reply.elements, let first = streams.first?.elements, first.count == 2 else {
           completion(.failure(unexpected(reply)))
           return
         }
-        completion(Result { () throws(StoreError) in try parseEntries(first[1]) })
+        completion(Result { () throws(StoreError) in try parseEntries(first[1], skipping: true) })
       }
     }
   }
@@ -572,37 +572,66 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   }
 
   /// Stream entries (`[[id, [field, value, …]], …]`) as events, checked: ids ascending, each entry's bytes
-  /// naming its own id.
+  /// one whole frame naming its own id. Any entry that fails is damage (the load at start refuses the store).
   func parseEntries(_ reply: RedisReply) throws(StoreError) -> [StoredEvent] {
-    guard let entries = reply.elements else { throw unexpected(reply) }
+    let chunk = try parseEntries(reply, skipping: false)
+    return chunk.events
+  }
+
+  /// A chunk of stream entries as read while running: the Pollcast events, the entries that are not (written by
+  /// hand or by another tool, cut short, out of order), which are skipped and counted, never relayed, and the
+  /// highest entry id seen, so a reader goes on after it and a new leader above it.
+  struct EntryChunk {
     var events: [StoredEvent] = []
-    events.reserveCapacity(entries.count)
+    var skipped: [String] = []
+    var highest: UInt64?
+    var count: Int { events.count + skipped.count }
+  }
+
+  func parseEntries(_ reply: RedisReply, skipping: Bool) throws(StoreError) -> EntryChunk {
+    guard let entries = reply.elements else { throw unexpected(reply) }
+    var chunk = EntryChunk()
+    chunk.events.reserveCapacity(entries.count)
     for entry in entries {
-      guard let parts = entry.elements, parts.count == 2, let name = parts[0].text,
-        name.hasSuffix("-0"), let id = UInt64(name.dropLast(2)), let fields = parts[1].elements
-      else { throw unexpected(entry) }
-      var bytes: [UInt8]?
-      var event = StoredEvent(id: id, stream: nil, upstreamID: nil, unixTime: 0, bytes: ByteSlice([]))
-      var index = 0
-      while index + 1 < fields.count {
-        let value = fields[index + 1]
-        switch fields[index].text {
-        case "d": if case .string(let data) = value { bytes = data }
-        case "t": event.unixTime = value.text.flatMap { Double($0) } ?? 0
-        case "s": event.stream = value.text
-        case "u": event.upstreamID = value.text.flatMap { UInt64($0) }
-        case "k": event.type = value.text
-        default: break
+      let name = entry.elements?.first?.text ?? "?"
+      let id = name.split(separator: "-").first.flatMap { UInt64($0) }
+      if let id { chunk.highest = max(chunk.highest ?? 0, id) }
+      guard let event = Self.event(entry), chunk.events.last.map({ event.id > $0.id }) ?? true else {
+        guard skipping else {
+          throw StoreError(.corrupt, path: address.description, "stream entry \(name) is not a Pollcast event")
         }
-        index += 2
+        chunk.skipped.append(name)
+        continue
       }
-      guard let bytes, StoredEvent.isFrame(id: id, bytes), events.last.map({ id > $0.id }) ?? true else {
-        throw StoreError(.corrupt, path: address.description, "stream entry \(name) is not a Pollcast event")
-      }
-      event.bytes = ByteSlice(bytes)
-      events.append(event)
+      chunk.events.append(event)
     }
-    return events
+    if !chunk.skipped.isEmpty { stats.withLock { $0.foreignEntries += chunk.skipped.count } }
+    return chunk
+  }
+
+  /// One entry as an event, or nil when it is not one a relay wrote (its id, its frame).
+  static func event(_ entry: RedisReply) -> StoredEvent? {
+    guard let parts = entry.elements, parts.count == 2, let name = parts[0].text,
+      name.hasSuffix("-0"), let id = UInt64(name.dropLast(2)), let fields = parts[1].elements
+    else { return nil }
+    var bytes: [UInt8]?
+    var event = StoredEvent(id: id, stream: nil, upstreamID: nil, unixTime: 0, bytes: ByteSlice([]))
+    var index = 0
+    while index + 1 < fields.count {
+      let value = fields[index + 1]
+      switch fields[index].text {
+      case "d": if case .string(let data) = value { bytes = data }
+      case "t": event.unixTime = value.text.flatMap { Double($0) } ?? 0
+      case "s": event.stream = value.text
+      case "u": event.upstreamID = value.text.flatMap { UInt64($0) }
+      case "k": event.type = value.text
+      default: break
+      }
+      index += 2
+    }
+    guard let bytes, StoredEvent.isFrame(id: id, bytes) else { return nil }
+    event.bytes = ByteSlice(bytes)
+    return event
   }
 
   private func unexpected(_ reply: RedisReply) -> StoreError {
@@ -667,6 +696,15 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     local first = 8 + forget
     if #ARGV >= first and not above(ARGV[first], head) then
       return redis.error_reply('STALE id ' .. ARGV[first] .. ' is not above the stored head ' .. head)
+    end
+    if #ARGV >= first then
+      -- An entry above the head that no relay committed (by hand, another tool) would make XADD fail for good:
+      -- fenced, so this node steps down and the next leader reads past it and issues ids above it.
+      local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
+      local topID = top and (string.match(top[1], '^(%d+)-') or '0')
+      if top and not above(ARGV[first], topID) then
+        return redis.error_reply('FENCED an entry no relay committed lies above the stored head: ' .. top[1])
+      end
     end
     if ARGV[7] == '-' then redis.call('HDEL', KEYS[3], 'unissued')
     elseif ARGV[7] ~= '' then redis.call('HSET', KEYS[3], 'unissued', ARGV[7]) end

@@ -127,6 +127,38 @@ class Reader(threading.Thread):
                 self.reconnects += 1
 
 
+class Holder(threading.Thread):
+    """Holds one stream that never gets an event (a stream name nobody writes) for the whole run, over HTTP/1.1
+    (chunked), reading whatever comes (heartbeats only). It must still be open at the end: the relay's timeouts are
+    set far below the run's length, and no timeout may cut a healthy stream."""
+
+    def __init__(self, port):
+        super().__init__(daemon=True)
+        self.port = port
+        self.ended = None
+        self.opened = time.time()
+        self.received = 0
+        self.stop = threading.Event()
+
+    def run(self):
+        sock = socket.create_connection((HOST, self.port), timeout=5)
+        sock.sendall(b"GET /events?stream=held-idle HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(0.5)
+        while not self.stop.is_set():
+            try:
+                chunk = sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError as error:
+                self.ended = f"error {error} after {time.time() - self.opened:.0f} s"
+                break
+            if not chunk:
+                self.ended = f"closed by the relay after {time.time() - self.opened:.0f} s"
+                break
+            self.received += len(chunk)
+        sock.close()
+
+
 def churn(port, cycles, results, seed):
     rng = random.Random(seed)
     done = 0
@@ -159,6 +191,9 @@ def main():
     parser.add_argument("--ring-events", type=int, default=None,
                         help="replay ring size; default a tenth of --messages (at most 100,000), so it is full by "
                              "halfway and the second half measures growth, not the ring filling")
+    parser.add_argument("--timeout", type=float, default=3,
+                        help="server.timeout_seconds and header_timeout_seconds of the relay (the held stream must "
+                             "outlive many of them)")
     parser.add_argument("--max-rss-growth-mib", type=float, default=16,
                         help="bound on RSS growth in the second half, once the replay ring is full")
     args = parser.parse_args()
@@ -170,8 +205,13 @@ def main():
     relay, relay_port = start([
         f"{args.bin}/pollcast", "--listen", f"{HOST}:0", "--upstream-url", f"http://{HOST}:{fixture_port}",
         "--upstream-api-key", "dev-key", "--upstream-poll-timeout-seconds", "5", "--upstream-backoff-base-seconds",
-        "0.05", "--upstream-backoff-cap-seconds", "0.2", "--ring-max-events", str(args.ring_events), "--log-level", "error"])
+        "0.05", "--upstream-backoff-cap-seconds", "0.2", "--ring-max-events", str(args.ring_events), "--log-level", "error",
+        # Timeouts far below the run's length: the held stream must outlive them all.
+        "--server-timeout-seconds", str(args.timeout), "--server-header-timeout-seconds", str(args.timeout),
+        "--sse-heartbeat-seconds", str(args.timeout / 2)])
     try:
+        holder = Holder(relay_port)
+        holder.start()
         reader = Reader(relay_port)
         reader.start()
         deadline = time.time() + 10
@@ -229,6 +269,10 @@ def main():
         rss_after = rss_kib(relay.pid)
         metrics = get(relay_port, "/metrics")
         reader.stop.set()
+        held_for = time.time() - holder.opened
+        holder.stop.set()
+        holder.join(timeout=5)
+        held = holder.ended is None
 
         ids = reader.ids
         delivered = len(ids)
@@ -244,15 +288,18 @@ def main():
         print(f"upstream: {sent} messages in {batch_number} batches, {poison_deep} nested too deep (skipped), "
               f"{expected_repaired} with invalid UTF-8 (repaired), upstream ids 1..{total_ids}")
         print(f"reader: {delivered} delivered, {unique} unique, in order: {ordered}, reconnects: {reader.reconnects}")
+        print(f"held idle stream: {'open' if held else holder.ended} after {held_for:.0f} s "
+              f"({held_for / args.timeout:.0f}x server.timeout_seconds), {holder.received} bytes of heartbeats")
         print(f"relay: RSS {rss_before} KiB before, {rss_mid} KiB halfway, {rss_after} KiB after "
               f"({(rss_after - rss_before) / 1024:+.1f} MiB in all, {(rss_after - rss_mid) / 1024:+.1f} MiB in the second "
               f"half); the replay ring holds {ring_kib / 1024:.1f} MiB of event bytes; "
               f"largest loop stall {stall * 1000:.1f} ms; rejected {rejected:.0f}, repaired {repaired:.0f}; "
               f"{elapsed:.0f} s")
-        ok = (delivered == expected_count and unique == delivered and ordered
+        ok = (delivered == expected_count and unique == delivered and ordered and held
               and (rss_after - rss_mid) / 1024 < args.max_rss_growth_mib
               and rejected == poison_deep and repaired == expected_repaired)
-        print(f"SOAK ok={int(ok)} cycles={cycles_done} sent={expected_count} delivered={delivered} unique={unique} "
+        print(f"SOAK ok={int(ok)} held_stream={int(held)} held_seconds={held_for:.0f} reconnects={reader.reconnects} "
+              f"cycles={cycles_done} sent={expected_count} delivered={delivered} unique={unique} "
               f"ordered={int(ordered)} rss_before_kib={rss_before} rss_mid_kib={rss_mid} rss_after_kib={rss_after} ring_kib={ring_kib:.0f} "
               f"max_loop_stall_ms={stall * 1000:.1f} seconds={elapsed:.0f}")
         return 0 if ok else 1

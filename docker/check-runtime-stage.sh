@@ -52,11 +52,19 @@ chroot "$root" useradd --system --uid 10001 --user-group --no-create-home --shel
 mkdir -p "$root/var/lib/pollcast"
 chroot "$root" chown 10001:10001 /var/lib/pollcast
 
-step "building release binaries (--static-swift-stdlib, as the Dockerfile does)"
-swift build -c release --static-swift-stdlib --product pollcast >"$work/build.log" 2>&1 || fail "swift build pollcast"
-swift build -c release --static-swift-stdlib --product pollcast-legacy-fixture >>"$work/build.log" 2>&1 \
+# Exactly what the Dockerfile's build stage copies, in a scratch directory: a file the image lacks fails here too
+# (a full checkout once hid that the image could not build without Tests/).
+scratch="$work/src"
+mkdir -p "$scratch"
+copied=$(awk '/^FROM /{stage++} stage == 1 && /^COPY /{print $2}' docker/Dockerfile)
+[ -n "$copied" ] || fail "no COPY in the Dockerfile's build stage"
+for path in $copied; do cp -r "$path" "$scratch/"; done
+step "building release binaries from what the Dockerfile copies ($(echo $copied)), --static-swift-stdlib"
+(cd "$scratch" && swift build -c release --static-swift-stdlib --product pollcast) >"$work/build.log" 2>&1 \
+  || fail "swift build pollcast"
+(cd "$scratch" && swift build -c release --static-swift-stdlib --product pollcast-legacy-fixture) >>"$work/build.log" 2>&1 \
   || fail "swift build pollcast-legacy-fixture"
-bin=$(swift build -c release --show-bin-path)
+bin=$(cd "$scratch" && swift build -c release --show-bin-path)
 install -m 0755 "$bin/pollcast" "$bin/pollcast-legacy-fixture" "$root/usr/local/bin/"
 mkdir -p "$root/etc/pollcast"
 cp Config/pollcast.json "$root/etc/pollcast/pollcast.json"

@@ -195,6 +195,22 @@ import Testing
     #expect(result.stdout.contains("[redacted]"))
   }
 
+  /// The Redis password in store.redis_url was printed in clear by --print-config, and echoed whole by
+  /// configuration errors.
+  @Test func theRedisPasswordIsNeverPrinted() throws {
+    let printed = try run(
+      builtProduct("pollcast"), ["--print-config", "--store-redis-url", "redis://:hunter2-pass@cache.internal:6380/2"])
+    #expect(printed.code == 0)
+    #expect(!printed.stdout.contains("hunter2-pass"))
+    #expect(printed.stdout.contains("cache.internal:6380"))
+    let refused = try run(
+      builtProduct("pollcast"),
+      ["--demo", "--store-kind", "redis", "--store-redis-url", "redis://:hunter2-pass@cache.internal:notaport"])
+    #expect(refused.code == 78)
+    #expect(refused.stderr.contains("store.redis_url"))
+    #expect(!refused.stderr.contains("hunter2-pass"), "\(refused.stderr)")
+  }
+
   /// URL userinfo and a key in a generic URL template's query were printed as they were.
   @Test func printConfigNeverShowsSecretsInURLs() throws {
     let result = try run(

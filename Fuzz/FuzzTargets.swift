@@ -201,6 +201,24 @@ enum FuzzChecks {
     let url = GenericAdapter.url(template: template, cursor: cursor)
     if !template.contains("{") { precondition(url == template) }
     if template == "{next}" { precondition(url == String(cursor == .max ? cursor : cursor + 1)) }
+    // The builder: a value placed in a URL never brings a control byte or space; one placed in a header is placed
+    // as it is or refused, and whatever is not refused passes the last check before the wire.
+    let value = String(decoding: bytes.prefix(16), as: UTF8.self)
+    if let placed = try? OutgoingRequest.render("http://h/?v={v}", ["v": value], for: .url) {
+      precondition(OutgoingRequest.problem(inURL: placed) == nil, "a URL value brought a control byte")
+    }
+    if let header = try? OutgoingRequest.render("Bearer {v}", ["v": value], for: .header) {
+      precondition(!header.utf8.contains(0x0A) && !header.utf8.contains(0x0D), "a header value with CR or LF")
+      do {
+        try OutgoingRequest.check(UpstreamRequest(url: "http://h/", headers: [("X", header)], label: "fuzz"))
+      } catch {
+        preconditionFailure("a rendered header was refused at the wire: \(error)")
+      }
+    }
+    if case .success(let (name, headerValue)) = OutgoingRequest.header(line: template) {
+      precondition(OutgoingRequest.problem(inHeaderName: name) == nil)
+      precondition(OutgoingRequest.problem(inHeaderValue: headerValue, "v") == nil)
+    }
   }
 
   static let jwtSettings = JWTSettings(
@@ -235,6 +253,21 @@ enum FuzzChecks {
       allowQuery: true)
     {
       precondition(!found.credential.isEmpty, "an empty credential")
+    }
+    // Whatever the sources hold, a credential that passes its charset never carries a control byte or a space, and
+    // the header built from it is one header line.
+    for charset in CredentialCharset.allCases {
+      let lookup = CredentialExtractor.lookup(
+        authorization: part(0), cookie: part(1), query: [("access_token", part(2) ?? "")], cookieName: "pollcast_token",
+        allowQuery: true, charset: charset)
+      guard case .found(let credential, _) = lookup else { continue }
+      precondition(credential.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F }, "a credential with a control byte or space")
+      let request = UpstreamRequest(
+        url: "http://h/p?k=" + encodeQueryValue(credential), headers: [("Authorization", "Bearer \(credential)")],
+        label: "fuzz")
+      do { try OutgoingRequest.check(request) } catch {
+        preconditionFailure("a checked credential was refused: \(error)")
+      }
     }
     let blocks = [part(4), "127.0.0.1", "10.0.0.0/8"].compactMap { $0.flatMap(AddressBlock.init) }
     let resolver = ClientAddressResolver(trusted: blocks)

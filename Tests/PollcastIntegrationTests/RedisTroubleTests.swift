@@ -6,8 +6,12 @@ import Testing
 /// Redis trouble never holds the relay's loop: a hung Redis (SIGSTOP) is dropped and `/readyz` turns 503 within
 /// the lease, and a Redis host name whose lookup never answers (a DNS server that drops queries, in a mount
 /// namespace of the relay's own) costs `/healthz` nothing, and SIGTERM still stops the relay cleanly.
-@Suite(.serialized, .timeLimit(.minutes(3))) struct RedisTroubleTests {
-  /// A UDP socket on 127.0.0.1:53 that takes DNS queries and never answers them.
+/// It needs root: the relay runs in a mount namespace of its own (`unshare -m`) with its own /etc/hosts and
+/// /etc/resolv.conf, as CI runs the suite.
+@Suite(.serialized, .timeLimit(.minutes(3)), .enabled(if: getuid() == 0, "needs root for a mount namespace"))
+struct RedisTroubleTests {
+  /// A UDP socket on 127.0.0.99:53 that takes DNS queries and never answers them (an address of its own in
+  /// 127/8, so a local resolver on 127.0.0.1 or 127.0.0.53 is never in the way).
   final class SilentDNS {
     let fd: Int32
     init?() {
@@ -15,7 +19,7 @@ import Testing
       var address = sockaddr_in()
       address.sin_family = sa_family_t(AF_INET)
       address.sin_port = UInt16(53).bigEndian
-      address.sin_addr.s_addr = inet_addr("127.0.0.1")
+      address.sin_addr.s_addr = inet_addr("127.0.0.99")
       let bound = withUnsafePointer(to: &address) {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
       }
@@ -49,7 +53,7 @@ import Testing
     try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
     defer { try? FileManager.default.removeItem(at: directory) }
     guard let dns = SilentDNS() else {
-      Issue.record("127.0.0.1:53 is taken: cannot stand in for a DNS server that never answers")
+      Issue.record("127.0.0.99:53 is taken: cannot stand in for a DNS server that never answers")
       return
     }
     let probe = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 1)
@@ -60,7 +64,7 @@ import Testing
     let hosts = directory.appendingPathComponent("hosts").path
     let resolv = directory.appendingPathComponent("resolv.conf").path
     try "127.0.0.1 localhost\n127.0.0.1 redis-test\n".write(toFile: hosts, atomically: false, encoding: .utf8)
-    try "nameserver 127.0.0.1\noptions timeout:30 attempts:1\n".write(
+    try "nameserver 127.0.0.99\noptions timeout:30 attempts:1\n".write(
       toFile: resolv, atomically: false, encoding: .utf8)
     let fixture = try await LegacyFixture.start(LegacyFixture.Options())
     let log = directory.appendingPathComponent("relay.log")

@@ -189,6 +189,9 @@ final class RedisConnection: @unchecked Sendable {
   /// The name lookup under way (its number, so a late answer of an abandoned one is ignored), and its deadline.
   private var lookup: (number: Int, timer: LoopTimer)?
   private var lookups = 0
+  /// A lookup thread still blocked in `getaddrinfo` (one that timed out may go on for as long as the resolver's own
+  /// timeout): no second one starts meanwhile, so a name that never answers costs one thread, not one per retry.
+  private var lookupThreadBusy = false
 
   /// Starts connecting; `onConnected` or `onDown` follows. Returns the error when it fails at once.
   ///
@@ -200,6 +203,8 @@ final class RedisConnection: @unchecked Sendable {
     loop.checkIsolated()
     guard context == nil, lookup == nil else { return nil }
     if address.socketPath != nil || AddressBlock.parse(address.host) != nil { return open(host: address.host) }
+    guard !lookupThreadBusy else { return "the last lookup of \(address.host) has not answered yet" }
+    lookupThreadBusy = true
     lookups += 1
     let number = lookups
     let host = address.host
@@ -211,10 +216,15 @@ final class RedisConnection: @unchecked Sendable {
     }
     timer.schedule(after: connectTimeout)
     lookup = (number, timer)
-    DispatchQueue.global().async { [weak self] in
+    // A thread of its own, not a shared pool's: a lookup that blocks for the resolver's whole timeout must not hold
+    // a worker that other work (or the shutdown) waits for.
+    let loop = loop
+    Thread.detachNewThread { [weak self] in
       let resolved = RedisConnection.resolve(host, port: port)
-      self?.loop.execute { [weak self] in
-        guard let self, self.lookup?.number == number else { return }
+      loop.execute { [weak self] in
+        guard let self else { return }
+        self.lookupThreadBusy = false
+        guard self.lookup?.number == number else { return }
         self.lookup = nil
         switch resolved {
         case .success(let numeric):

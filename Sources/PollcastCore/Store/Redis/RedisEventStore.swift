@@ -779,7 +779,7 @@ final class RedisSyncClient {
     if AddressBlock.parse(host) != nil { return .success(host) }
     let answer = Locked<Result<String, ConfigurationProblem>?>(nil)
     let done = DispatchSemaphore(value: 0)
-    DispatchQueue.global().async {
+    Thread.detachNewThread {
       let resolved = RedisConnection.resolve(host, port: port)
       answer.withLock { $0 = resolved }
       done.signal()

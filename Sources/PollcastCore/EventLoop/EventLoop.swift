@@ -80,7 +80,10 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
     }
     guard wasRunning else { return }
     precondition(!inLoopThread, "EventLoop.stop() must not be called on the loop thread")
-    LibeventCall.invariant(event_base_loopbreak(base), "event_base_loopbreak")
+    // The break is asked from inside the loop, by the wake event: `event_base_loop` clears a break asked before it
+    // began, so a stop right after `start()` (its thread not yet in the loop) waited forever. An activation made
+    // before the loop began is run once it does.
+    event_active(wakeEvent, 0, 0)
     finished.wait()
   }
 
@@ -120,6 +123,13 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
     try await LoopRunner(loop: self).run(body)
   }
 
+  fileprivate func wake() {
+    drainJobs()
+    if state.withLock({ $0 == .stopping }) {
+      LibeventCall.invariant(event_base_loopbreak(base), "event_base_loopbreak")
+    }
+  }
+
   fileprivate func drainJobs() {
     // Jobs enqueued while draining are run in the same pass; the batch is swapped out so that enqueue()
     // from other threads never waits for a job to finish.
@@ -147,7 +157,7 @@ private actor LoopRunner {
 private let eventLoopWakeCallback: @convention(c) (Int32, Int16, UnsafeMutableRawPointer?) -> Void = {
   _, _, context in
   guard let context else { return }
-  Unmanaged<EventLoop>.fromOpaque(context).takeUnretainedValue().drainJobs()
+  Unmanaged<EventLoop>.fromOpaque(context).takeUnretainedValue().wake()
 }
 
 /// A libevent call failed.

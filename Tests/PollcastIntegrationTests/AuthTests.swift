@@ -232,7 +232,7 @@ import Testing
       let sent = await publisher.value
       try resumed.waitUntil(timeout: 10, "every event") { ($0.messageIDs.last ?? 0) >= sent.last! }
       #expect(before + resumed.messageIDs == sent, "a gap or a duplicate across the token change")
-      #expect(await harness.statistics().tokenExpiries == 1)
+      #expect(await harness.statistics().grantsEnded == 1)
     }
   }
 

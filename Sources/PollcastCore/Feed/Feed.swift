@@ -106,7 +106,7 @@ public actor Feed {
     timer.schedule(after: settings.heartbeatInterval / Double(heartbeatSlicesNow))
     heartbeatTimer = timer
     started = true
-    if subscribers.contains(where: { $0.endsAt != nil || $0.expiresAt != nil }) { startEndTimer() }
+    if subscribers.contains(where: { $0.endsAt != nil || $0.grantEndsAt != nil }) { startEndTimer() }
   }
 
   private var started = false
@@ -459,12 +459,12 @@ public actor Feed {
   /// - Parameters:
   ///   - requestedID: the raw `Last-Event-ID` (or query parameter) value, if any.
   ///   - streams: the streams asked for with `?stream=`; nil for all.
-  /// - Parameter expiry: when the subscriber's credential expires (monotonic seconds, and the Unix time the
-  ///   credential named): the stream then ends with a `token-expired` event, and the client reconnects with a
-  ///   fresh credential and its Last-Event-ID.
+  ///   - end: when the subscriber's grant ends by itself (a token's expiry): the stream then ends with the grant's
+  ///     last event, and the client reconnects with a fresh credential and its Last-Event-ID.
+  ///   - revocationKey: what a revocation names (`endAll(type:data:grant:)`).
   public func attach(
-    sink: SubscriberSink, requestedID: String?, streams: Set<String>?,
-    expiry: (monotonic: Double, unix: Double)? = nil, grant: String? = nil
+    sink: SubscriberSink, requestedID: String?, streams: Set<String>?, end: GrantEnd? = nil,
+    revocationKey: String? = nil
   ) -> Subscriber {
     let decision = ResumeDecision.decide(
       requested: requestedID, floorID: ring.floorID, headID: visibleHead, unissued: unissued)
@@ -476,12 +476,12 @@ public actor Feed {
         ? Double.random(in: 0...settings.maxConnectionAgeJitter, using: &ageRandom) : 0
       subscriber.endsAt = MonotonicClock.seconds() + age + jitter
     }
-    if let expiry {
-      subscriber.expiresAt = expiry.monotonic
-      subscriber.expiredAtUnix = expiry.unix
+    if let end {
+      subscriber.grantEndsAt = end.at
+      subscriber.grantEndEvent = ByteSlice(SSEEncoder.event(id: nil, type: end.type, data: end.data))
     }
-    subscriber.grant = grant
-    if let end = [subscriber.endsAt, subscriber.expiresAt].compactMap({ $0 }).min() {
+    subscriber.grant = revocationKey
+    if let end = [subscriber.endsAt, subscriber.grantEndsAt].compactMap({ $0 }).min() {
       nextEnd = min(nextEnd, end)
       startEndTimer()
     }
@@ -628,29 +628,24 @@ public actor Feed {
   /// Ends the streams that reached their maximum age, so their clients reconnect (and resume) elsewhere or
   /// later: a comment says why, then the stream ends cleanly.
   ///
-  /// A stream whose credential expired ends the same way, with a last `event: token-expired` (no id, so the
-  /// client's Last-Event-ID stays that of the last event it got) whose data says when:
-  /// `{"reason":"token_expired","expired_at":"<exp>"}`. The client fetches a new token and reconnects.
+  /// A stream whose grant ended (a token's expiry) ends the same way, with the grant's last id-less event (so the
+  /// client's Last-Event-ID stays that of the last event it got): `GrantEnd`.
   private func endDueConnections() {
     let now = MonotonicClock.seconds()
     guard now >= nextEnd else { return }
     var due: [Subscriber] = []
     var next = Double.infinity
     for subscriber in subscribers {
-      let end = min(subscriber.endsAt ?? .infinity, subscriber.expiresAt ?? .infinity)
+      let end = min(subscriber.endsAt ?? .infinity, subscriber.grantEndsAt ?? .infinity)
       if end <= now { due.append(subscriber) } else { next = min(next, end) }
     }
     nextEnd = next
     guard !due.isEmpty else { return }
     let notice = ByteSlice(SSEEncoder.comment("maximum connection age reached: reconnect with Last-Event-ID"))
     for subscriber in due {
-      if let expiresAt = subscriber.expiresAt, expiresAt <= now {
-        stats.tokenExpiries += 1
-        let data = JSONText.object([
-          "reason": JSONText.quoted("token_expired"),
-          "expired_at": JSONText.quoted(String(Int64(subscriber.expiredAtUnix ?? 0))),
-        ])
-        end(subscriber, with: ByteSlice(SSEEncoder.event(id: nil, type: "token-expired", data: data)))
+      if let endsAt = subscriber.grantEndsAt, endsAt <= now, let last = subscriber.grantEndEvent {
+        stats.grantsEnded += 1
+        end(subscriber, with: last)
       } else {
         stats.agedOut += 1
         end(subscriber, with: notice)

@@ -64,8 +64,8 @@ public struct FeedStatistics: Sendable, Equatable {
   public var agedOut = 0
   /// Heartbeat comments written (idle streams only).
   public var heartbeatsSent = 0
-  /// Streams ended because their token expired.
-  public var tokenExpiries = 0
+  /// Streams ended because their grant ended by itself (a token expired).
+  public var grantsEnded = 0
   /// Batches the store could not commit (never shown to anyone; the upstream loop retries them).
   public var storeFailures = 0
   public var bytesQueued = 0
@@ -87,7 +87,7 @@ public struct FeedStatistics: Sendable, Equatable {
     slowConsumerDisconnects += other.slowConsumerDisconnects
     agedOut += other.agedOut
     heartbeatsSent += other.heartbeatsSent
-    tokenExpiries += other.tokenExpiries
+    grantsEnded += other.grantsEnded
     storeFailures += other.storeFailures
     bytesQueued += other.bytesQueued
     ringEvents += other.ringEvents

@@ -24,6 +24,11 @@ public enum JSONText {
 
   /// An object from ordered key/value pairs whose values are already JSON text.
   public static func object(_ pairs: KeyValuePairs<String, String>) -> String {
+    object(pairs.map { ($0.key, $0.value) })
+  }
+
+  /// An object from ordered key/value pairs whose values are already JSON text.
+  public static func object(_ pairs: [(String, String)]) -> String {
     var out = "{"
     var first = true
     for (key, value) in pairs {

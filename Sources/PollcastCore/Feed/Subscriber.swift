@@ -33,9 +33,9 @@ public final class Subscriber: @unchecked Sendable {
   public internal(set) var isClosed = false
   /// Monotonic time at which the maximum connection age ends this stream; nil without one.
   var endsAt: Double?
-  /// When its credential expires (monotonic), and the Unix time the credential named.
-  var expiresAt: Double?
-  var expiredAtUnix: Double?
+  /// When its grant ends by itself (monotonic; a token's expiry), and the last event it then gets.
+  var grantEndsAt: Double?
+  var grantEndEvent: ByteSlice?
   /// What granted this stream (per-user relaying: a digest of the key it presented), so the streams of one key can
   /// be ended when that key is revoked while others of its account keep the account polling.
   public internal(set) var grant: String?

@@ -86,7 +86,7 @@ public enum Metrics {
     }
     one(
       "pollcast_token_expiries_total", "counter", "Streams ended with token-expired because their token expired.",
-      stats.tokenExpiries)
+      stats.grantsEnded)
     if let loopLag {
       metric(
         "pollcast_event_loop_lag_seconds", "gauge", "How late the event loop ran its last probe timer.",

@@ -208,8 +208,8 @@ actor KeyReloader {
     let logger = configuration.logger
     do throws(ConfigurationError) {
       guard let jwt = try configuration.jwtSettings() else { return }
-      let server = relay.server
-      server.assumeIsolated { $0.reloadKeys(jwt) }
+      // On the loop (this actor's executor), where the authenticator's verifier lives.
+      guard relay.server.authenticator.reload(jwt) else { return }
       logger.info(
         "token keys reloaded",
         metadata: ["kids": jwt.keys.keys.sorted().map { $0.isEmpty ? "(key_file)" : $0 }.joined(separator: ",")])

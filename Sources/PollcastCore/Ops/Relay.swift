@@ -11,7 +11,7 @@ public final class Relay: Sendable {
   /// follows it).
   public let replica: FeedReplica?
   /// `auth.mode = upstream`: one feed and loop per account (the shared feed then stays empty).
-  public var hub: AccountHub? { server.hub }
+  public var hub: AccountHub? { server.feeds.accounts }
   /// `host:port` the server listens on.
   public let address: String
   public let logger: Logger
@@ -114,7 +114,15 @@ public final class Relay: Sendable {
       }
       await hub?.start()
     }
-    let server = SSEServer(loop: loop, feed: feed, settings: serverSettings, logger: logger, hub: hub)
+    let authenticator: any Authenticator =
+      if let hub {
+        AccountAuthenticator(hub: hub, access: serverSettings.access)
+      } else if let jwt = serverSettings.access.jwt { TokenAuthenticator(jwt, access: serverSettings.access) } else {
+        OpenAccess()
+      }
+    let server = SSEServer(
+      loop: loop, feeds: FeedHub(shared: feed, accounts: hub), authenticator: authenticator,
+      settings: serverSettings, logger: logger)
     let page = LivePage.render(access: serverSettings.access)
     await server.addRoute("/", .init { (200, "text/html; charset=utf-8", page) })
     await server.addRoute("/healthz", .init { (200, "application/json", "{\"status\":\"ok\"}\n") })

@@ -1,0 +1,261 @@
+/// The upstream worker's cursor rules as a plain value: which streams are polled and from where, what a
+/// preparation changes, which messages of an answer are new, resent or skipped, what moves which cursor, and what
+/// is backlog. The worker keeps only the I/O around it (polls, commits, logs, status), so every rule here is tested
+/// without sockets.
+///
+/// The seed's invariant: a cursor moves only once the events it covers are stored (`stored(_:)` after the commit
+/// of `cursors(after:)`), so a crash never skips a message.
+struct CursorBook: Sendable {
+  private(set) var streams: [String] = []
+  private(set) var cursors: [String: UInt64] = [:]
+  /// Per stream, the upstream's newest id when its backlog began: messages up to it are `backlog: true`.
+  private(set) var backlogUntil: [String: UInt64] = [:]
+  /// Upstream ids relayed lately, per stream: an id at or below the cursor that is among them is a resend (a
+  /// duplicate); one that is not means the upstream's ids went backwards.
+  private(set) var recent: [String: RecentIDs] = [:]
+  /// Whether a session was prepared before (a stream seen later is attached, and starts from the server's newest).
+  private(set) var hadSession = false
+  /// Polling on from a stored position: what the upstream got meanwhile is news, not backlog.
+  private var restored = false
+
+  init() {}
+
+  /// Polls on from `position` (a worker restarted, or a store read at start).
+  init(restoring position: UpstreamWorker.Position) {
+    streams = position.streams
+    cursors = position.cursors
+    recent = position.recent
+    hadSession = true
+    restored = true
+  }
+
+  var position: UpstreamWorker.Position? {
+    streams.isEmpty ? nil : UpstreamWorker.Position(streams: streams, cursors: cursors, recent: recent)
+  }
+
+  /// The upstream's ids moved below the relay's cursor: the relay follows the server, and tells clients.
+  struct Rewind: Equatable, Sendable {
+    var stream: String
+    var from: UInt64
+    var to: UInt64
+    var reason: String
+  }
+
+  // MARK: Preparations
+
+  /// What a (re)start changed.
+  struct Changes: Equatable, Sendable {
+    /// Streams no longer polled: the feed forgets them and says `stream-detached`.
+    var detached: [String] = []
+    /// Streams polled from now on (after the first session): `stream-attached`.
+    var attached: [String] = []
+    var rewinds: [Rewind] = []
+  }
+
+  /// Applies a (re)start's findings: attached and detached streams, first cursors, backlog bounds, and the
+  /// server's ids going below a cursor.
+  mutating func apply(_ preparation: UpstreamPreparation, startFrom: UpstreamWorker.StartFrom) -> Changes {
+    var changes = Changes()
+    let next = preparation.streams
+    for stream in streams where !next.contains(stream) {
+      cursors[stream] = nil
+      backlogUntil[stream] = nil
+      changes.detached.append(stream)
+    }
+    if hadSession { changes.attached = next.filter { !streams.contains($0) } }
+    for stream in next {
+      let serverLast = preparation.lastIDs?[stream]
+      guard let cursor = cursors[stream] else {
+        // A stream seen for the first time: the first start follows start_from; a stream attached later
+        // starts from the server's newest id (only new messages).
+        if serverLast == nil {
+          cursors[stream] = preparation.initialCursors[stream] ?? 0
+        } else if !hadSession && startFrom == .earliest {
+          cursors[stream] = 0
+          if let serverLast, serverLast > 0 { backlogUntil[stream] = serverLast }
+        } else {
+          cursors[stream] = serverLast ?? 0
+        }
+        continue
+      }
+      guard let serverLast else { continue }
+      if serverLast > cursor && !restored {
+        backlogUntil[stream] = max(backlogUntil[stream] ?? 0, serverLast)
+      } else if serverLast < cursor {
+        // The server's ids went backwards (its data was reset): follow it rather than wait forever.
+        changes.rewinds.append(
+          Rewind(stream: stream, from: cursor, to: serverLast, reason: "upstream_latest_below_cursor"))
+        cursors[stream] = serverLast
+        backlogUntil[stream] = nil
+        recent[stream] = nil
+      }
+    }
+    streams = next
+    hadSession = true
+    restored = false
+    return changes
+  }
+
+  // MARK: Answers
+
+  /// What to do with one poll's answer, decided before anything is published.
+  struct Plan: Sendable {
+    /// The messages to relay, in order.
+    var fresh: [(stream: String, message: UpstreamMessage)] = []
+    /// Per stream, the highest id of a message that cannot be relayed: the cursor moves past it, so the upstream
+    /// does not send it forever.
+    var skipped: [String: UInt64] = [:]
+    /// Streams whose ids went backwards: the cursor follows the server to the answer's highest id.
+    var rewinds: [Rewind] = []
+    /// Stream names the answer held that are not polled (ignored).
+    var unknownStreams: [String] = []
+    /// Messages dropped as resends.
+    var duplicates = 0
+
+    var wentBackwards: Bool { !rewinds.isEmpty }
+  }
+
+  func plan(_ answer: UpstreamPollAnswer) -> Plan {
+    var plan = Plan()
+    for rejection in answer.rejected {
+      if let stream = rejection.stream, let id = rejection.id, streams.contains(stream) {
+        plan.skipped[stream] = max(plan.skipped[stream] ?? 0, id)
+      }
+    }
+    for batch in answer.batches {
+      guard streams.contains(batch.stream) else {
+        plan.unknownStreams.append(batch.stream)
+        continue
+      }
+      // Adapters sort off the loop; an answer that arrives unsorted anyway is sorted here.
+      let sorted =
+        zip(batch.messages, batch.messages.dropFirst()).allSatisfy { $0.id <= $1.id }
+        ? batch.messages : batch.messages.sorted(by: { $0.id < $1.id })
+      let cursor = cursors[batch.stream] ?? 0
+      let decision = CursorDecision.decide(
+        ids: sorted.map(\.id), cursor: cursor, recent: recent[batch.stream] ?? RecentIDs())
+      if decision.backwards, let last = sorted.last?.id {
+        plan.rewinds.append(Rewind(stream: batch.stream, from: cursor, to: last, reason: "ids_went_backwards"))
+      }
+      plan.duplicates += sorted.count - decision.fresh.count
+      for index in decision.fresh { plan.fresh.append((batch.stream, sorted[index])) }
+    }
+    return plan
+  }
+
+  /// The cursors once `slice` is stored: what is committed with it.
+  func cursors(after slice: ArraySlice<(stream: String, message: UpstreamMessage)>) -> [String: UInt64] {
+    var next = cursors
+    for (stream, message) in slice { next[stream] = message.id }
+    return next
+  }
+
+  /// `slice` is stored (with `cursors(after: slice)`): the cursors move, and its ids count as relayed lately.
+  mutating func stored(_ slice: ArraySlice<(stream: String, message: UpstreamMessage)>) {
+    cursors = cursors(after: slice)
+    for (stream, message) in slice { recent[stream, default: RecentIDs()].insert(message.id) }
+  }
+
+  /// The cursors once every fresh message of `plan` is stored: past the skipped ids, and to the rewinds' targets.
+  func settled(_ plan: Plan) -> [String: UInt64] {
+    var next = cursors
+    for (stream, id) in plan.skipped where id > next[stream] ?? 0 { next[stream] = id }
+    for rewind in plan.rewinds { next[rewind.stream] = rewind.to }
+    return next
+  }
+
+  /// Cursors from `settled(_:)` are stored.
+  mutating func moved(to next: [String: UInt64]) { cursors = next }
+
+  // MARK: Backlog
+
+  func isBacklog(_ id: UInt64, stream: String) -> Bool { id <= backlogUntil[stream] ?? 0 }
+
+  /// Ends the backlog of streams whose cursor reached its bound; returns those still catching up.
+  mutating func settleBacklog() -> [String: UInt64] {
+    for (stream, bound) in backlogUntil where (cursors[stream] ?? 0) >= bound { backlogUntil[stream] = nil }
+    return backlogUntil
+  }
+}
+
+extension UpstreamWorker {
+  /// Where polling stands: the streams and their cursors. A worker started later with `restore(_:)` polls on from
+  /// there (per-user relaying stops an idle account's worker and makes a new one when a subscriber returns).
+  public struct Position: Sendable {
+    public var streams: [String]
+    public var cursors: [String: UInt64]
+    /// The ids relayed lately per stream: an upstream that resends its last page after the restart is then
+    /// recognised as resending (dropped), not as ids going backwards (relayed again).
+    var recent: [String: RecentIDs] = [:]
+
+    public init(streams: [String], cursors: [String: UInt64]) {
+      self.streams = streams
+      self.cursors = cursors
+    }
+
+    init(streams: [String], cursors: [String: UInt64], recent: [String: RecentIDs]) {
+      self.init(streams: streams, cursors: cursors)
+      self.recent = recent
+    }
+
+    /// A position read from the store: the stored events' upstream ids count as relayed lately.
+    public init(stored: FeedPosition, events: [StoredEvent]) {
+      var recent: [String: RecentIDs] = [:]
+      for event in events {
+        guard let stream = event.stream, let id = event.upstreamID else { continue }
+        recent[stream, default: RecentIDs()].insert(id)
+      }
+      self.init(streams: stored.streams, cursors: stored.cursors, recent: recent)
+    }
+  }
+}
+
+/// The last few thousand ids relayed on one stream, to tell a resend from ids going backwards.
+struct RecentIDs: Sendable {
+  static let capacity = 4096
+  private var order: [UInt64] = []
+  private var members: Set<UInt64> = []
+  private var next = 0
+
+  func contains(_ id: UInt64) -> Bool { members.contains(id) }
+
+  mutating func insert(_ id: UInt64) {
+    guard !members.contains(id) else { return }
+    if order.count < RecentIDs.capacity {
+      order.append(id)
+    } else {
+      members.remove(order[next])
+      order[next] = id
+      next = (next + 1) % RecentIDs.capacity
+    }
+    members.insert(id)
+  }
+}
+
+/// Which messages of one stream's answer are new, and whether the upstream's ids went backwards. A pure value,
+/// so the rule is tested (and fuzzed) without sockets.
+///
+/// - Ids above the cursor are new.
+/// - Ids at or below it, beside newer ones, are resends (an upstream repeating its last page): dropped.
+/// - An answer with nothing above the cursor that holds an id the relay did not relay lately means the ids went
+///   backwards (a restored database; an id of 2^64-1 followed by ordinary ones): every id not relayed lately is
+///   new, and the cursor follows the server to the answer's highest id.
+struct CursorDecision: Equatable {
+  var backwards: Bool
+  /// Positions (in the ascending ids given) of the messages to relay.
+  var fresh: [Int]
+
+  static func decide(ids: [UInt64], cursor: UInt64, recent: RecentIDs) -> CursorDecision {
+    let backwards =
+      !ids.isEmpty && !ids.contains { $0 > cursor } && ids.contains { $0 != cursor && !recent.contains($0) }
+    var fresh: [Int] = []
+    var last = backwards ? nil : Optional(cursor)
+    for (index, id) in ids.enumerated() {
+      if let previous = last, id <= previous { continue }  // at or below the cursor, or repeated in the answer
+      if backwards && (id == cursor || recent.contains(id)) { continue }
+      fresh.append(index)
+      last = id
+    }
+    return CursorDecision(backwards: backwards, fresh: fresh)
+  }
+}

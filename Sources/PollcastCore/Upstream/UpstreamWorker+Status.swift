@@ -1,0 +1,100 @@
+import Foundation
+
+extension UpstreamWorker {
+  public struct Settings: Sendable {
+    public var startFrom: StartFrom = .latest
+    public var backoff = Backoff()
+    /// Stop polling after this long with no subscriber (nil: never).
+    public var idleAfter: Double?
+    /// `/readyz` wants a poll completed within this many seconds.
+    public var readyWindow: Double = 60
+    /// Re-read the upstream's newest ids (chat: `/api/messages/last`) before the next poll once this many seconds
+    /// passed since the last sync: a database restored with lower ids is noticed even while polls only time out.
+    public var resyncInterval: Double = 60
+    /// Events published per loop turn: a huge answer is relayed in slices so no turn holds the loop for long.
+    public var publishSlice = 1000
+    /// Per-user relaying: a refused credential (401 or 403 where a session is created, or on a poll that has no
+    /// session step) means the subscriber's key was revoked. The worker stops and calls `onKeyRefused` instead of
+    /// backing off and retrying a key that will not work again.
+    public var stopWhenKeyRefused = false
+    /// Polls that bring nothing new and return sooner than this are spaced (`PollSpacing`); 0 never spaces.
+    public var minPollInterval: Double = 1
+    public init() {}
+  }
+
+  public enum State: String, Sendable, CaseIterable {
+    case stopped, connecting, backoff, backlog, live, idle
+  }
+
+  // MARK: Status events
+
+  /// Tells clients, in the `upstream` status event, that the relay followed the upstream to other ids.
+  func publishResync(_ rewind: CursorBook.Rewind) {
+    let data = JSONText.object([
+      "state": JSONText.quoted("resync"), "adapter": JSONText.quoted(adapter.name),
+      "stream": JSONText.quoted(rewind.stream), "reason": JSONText.quoted(rewind.reason),
+      "cursor": JSONText.quoted(String(rewind.from)), "upstream_id": JSONText.quoted(String(rewind.to)),
+    ])
+    feed.assumeIsolated { $0.publishStatus(data) }
+  }
+
+  func updateLiveness() {
+    let backlogUntil = book.settleBacklog()
+    if backlogUntil.isEmpty {
+      setState(.live)
+    } else {
+      let pending = backlogUntil.keys.sorted().map { "\(JSONText.quoted($0)):\(backlogUntil[$0]!)" }
+      setState(.backlog, extra: ["until": "{\(pending.joined(separator: ","))}"])
+    }
+  }
+
+  func streamNotice(_ stream: String, _ change: String) -> String {
+    JSONText.object(["stream": JSONText.quoted(stream), "change": JSONText.quoted(change)])
+  }
+
+  /// Publishes the current state's status event again, with `extra` fields.
+  func republishState(extra: [(String, String)] = []) {
+    var fields = [("state", JSONText.quoted(state.rawValue)), ("adapter", JSONText.quoted(adapter.name))]
+    fields += extra
+    feed.assumeIsolated {
+      $0.publishStatus("{" + fields.map { "\(JSONText.quoted($0.0)):\($0.1)" }.joined(separator: ",") + "}")
+    }
+  }
+
+  func setState(_ next: State, extra: KeyValuePairs<String, String> = [:]) {
+    let changed = next != state
+    state = next
+    statistics.state = next.rawValue
+    guard changed || next == .backoff || next == .backlog else { return }
+    republishState(extra: extra.map { ($0.key, $0.value.first == "{" ? $0.value : JSONText.quoted($0.value)) })
+    if changed { logger.info("upstream state", metadata: ["state": next.rawValue]) }
+  }
+
+  // MARK: Introspection
+
+  public func snapshot() -> UpstreamStatistics {
+    var copy = statistics
+    copy.cursors = cursors
+    copy.hasSession = adapter.hasSession
+    copy.transportInFlight = client.inFlight
+    return copy
+  }
+
+  /// `/readyz`: ready when a session is established and the upstream answered recently: a poll completed, or
+  /// the poll now hanging started, within the window (a long-poll that is simply waiting is healthy).
+  public func readiness() -> (ready: Bool, reason: String) {
+    if state == .idle { return (true, "idle: no subscribers") }
+    if let storeFailing { return (false, "store failing: \(storeFailing)") }
+    guard adapter.hasSession else { return (false, "no upstream session") }
+    guard state != .backoff else { return (false, "upstream failing: backing off (attempt \(backoff.attempt))") }
+    let inFlightSince = statistics.pollsInFlight > 0 ? statistics.pollStarted : nil
+    guard let last = [statistics.lastPollCompleted, inFlightSince].compactMap({ $0 }).max() else {
+      return (false, "no poll yet")
+    }
+    let age = MonotonicClock.seconds() - last
+    guard age <= settings.readyWindow else {
+      return (false, "no upstream answer for \(Int(age)) s (window \(Int(settings.readyWindow)) s)")
+    }
+    return (true, "ok")
+  }
+}

@@ -7,5 +7,8 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/err.h>
+// HMAC-SHA256: the stable key of an account without a session step (a keyed hash of its credential).
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 
 #endif

@@ -34,6 +34,30 @@ import Testing
     try done.withLock { $0! }.get()
   }
 
+  /// Accounts without a user id are named by HMAC-SHA256 of their key: the secret is made once and kept, so the
+  /// same key names the same account after a reopen; another store's secret names it differently.
+  @Test func theAccountKeySecretIsMadeOnceAndKept() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let first = try SQLiteEventStore.open(path: path)
+    let secret = try #require(try first.accountKeySecret())
+    #expect(secret.count == 32)
+    #expect(try first.accountKeySecret() == secret)
+    first.close()
+    let reopened = try SQLiteEventStore.open(path: path)
+    #expect(try reopened.accountKeySecret() == secret)
+    reopened.close()
+    let keys = AccountKeys(secret: secret, stable: true)
+    let name = keys.key(for: "key-1000")
+    #expect(name.hasPrefix("credential:") && name.count == "credential:".count + 32)
+    #expect(keys.key(for: "key-1000") == name && keys.key(for: "key-1001") != name)
+    #expect(AccountKeys(secret: AccountKeys.freshSecret(), stable: false).key(for: "key-1000") != name)
+    #expect(try MemoryEventStore().accountKeySecret() == nil)
+    // RFC 4231 test case 2: HMAC-SHA256("Jefe", "what do ya want for nothing?"), first 16 bytes.
+    #expect(
+      AccountKeys(secret: Array("Jefe".utf8), stable: true).key(for: "what do ya want for nothing?")
+        == "credential:5bdcc146bf60754e6a042426089575c7")
+  }
+
   @Test func aCommitIsLoadedBackWithItsCursorsAndHead() throws {
     defer { try? FileManager.default.removeItem(at: directory) }
     do {

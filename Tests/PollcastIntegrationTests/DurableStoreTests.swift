@@ -199,6 +199,87 @@ import Testing
     await fixture.shutdown()
   }
 
+  /// The generic adapter has no session step, so no user id names its accounts: each is named by a keyed hash of
+  /// its key (HMAC-SHA256, the secret made once and kept in the store). After a restart the same key finds its
+  /// account's ring, ids and cursor: it resumes with what it missed, its own only; the key is nowhere in the file.
+  @Test func aGenericAccountResumesAfterARestart() async throws {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-generic-\(UUID())")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let path = directory.appendingPathComponent("pollcast.db").path
+    var options = LegacyFixture.Options()
+    options.accounts = 2
+    let fixture = try await LegacyFixture.start(options)
+    let generic = GenericAdapter.Settings(
+      urlTemplate: "http://\(fixture.address)/api/feed?after={cursor}&timeout=1", eventsPointer: "/data/items",
+      idPointer: "/seq", headers: ["Authorization: Bearer {credential}"], stream: "feed", timeout: 3)
+    func startRelay() async throws -> Relay {
+      var worker = UpstreamWorker.Settings()
+      worker.backoff = Backoff(base: 0.05, cap: 0.2)
+      worker.minPollInterval = 0.25
+      var server = ServerSettings(host: "127.0.0.1", port: 0)
+      server.access.perUser = true
+      return try await Relay.start(
+        server: server, feed: FeedSettings(heartbeatInterval: 5), logger: Logger(label: "test", level: .critical),
+        store: try SQLiteEventStore.open(path: path),
+        accounts: (
+          AccountHub.Upstream(
+            makeAdapter: { GenericAdapter(settings: generic, credential: $0) }, worker: worker, feed: FeedSettings()),
+          AccountsHarness.fastSettings()
+        ))
+    }
+    func client(_ relay: Relay, _ key: String, after id: UInt64? = nil) throws -> TestSSEClient {
+      var headers = [("Authorization", "Bearer \(key)")]
+      if let id { headers.append(("Last-Event-ID", String(id))) }
+      return try TestSSEClient(port: relay.port, headers: headers)
+    }
+    func texts(_ client: TestSSEClient) -> [String] {
+      client.events(ofType: "message").compactMap { event in
+        (try? RawJSON.parse(event.data))?["message"]?["message"]?["text"]?.stringValue
+      }
+    }
+    func waitParked(_ user: String) async throws {
+      let deadline = MonotonicClock.seconds() + 10
+      while await fixture.statistics().users[user]?.pollsInFlight ?? 0 == 0 && MonotonicClock.seconds() < deadline {
+        try await Task.sleep(for: .milliseconds(10))
+      }
+    }
+
+    var relay = try await startRelay()
+    var alice = try client(relay, "key-1000")
+    var bob = try client(relay, "key-1001")
+    try alice.waitForHead()
+    try bob.waitForHead()
+    try await waitParked("1000")
+    try await waitParked("1001")
+    _ = await fixture.append(user: "1000", texts: ["a1", "a2"])
+    _ = await fixture.append(user: "1001", texts: ["b1"])
+    try alice.waitUntil(timeout: 10, "a1 a2") { texts($0).count == 2 }
+    try bob.waitUntil(timeout: 10, "b1") { texts($0).count == 1 }
+    let aliceIDs = alice.messageIDs
+    let bobIDs = bob.messageIDs
+    await relay.shutdown(deadline: 2)
+
+    _ = await fixture.append(user: "1000", texts: ["a3"])
+    _ = await fixture.append(user: "1001", texts: ["b2"])
+    relay = try await startRelay()
+    alice = try client(relay, "key-1000", after: aliceIDs[0])
+    bob = try client(relay, "key-1001", after: bobIDs[0])
+    try alice.waitUntil(timeout: 10, "a2 a3") { texts($0).count == 2 }
+    try bob.waitUntil(timeout: 10, "b2") { texts($0).count == 1 }
+    #expect(texts(alice) == ["a2", "a3"], "a2 from the stored ring, a3 polled on from the stored cursor")
+    #expect(alice.messageIDs.first == aliceIDs[1], "the same id for the same event")
+    #expect(alice.messageIDs[1] > aliceIDs[1])
+    #expect(texts(bob) == ["b2"])
+    #expect(alice.events(ofType: "reset").isEmpty && bob.events(ofType: "reset").isEmpty)
+    _ = try alice.pump(timeout: 0.3)
+    #expect(texts(alice).count == 2, "nothing of the other account, nothing twice")
+    await relay.shutdown(deadline: 2)
+    await fixture.shutdown()
+    let file = try Data(contentsOf: URL(fileURLWithPath: path))
+    #expect(file.range(of: Data("key-1000".utf8)) == nil, "the key itself is never stored")
+  }
+
   /// A store that refuses commits while told to: through the seam, the feed shows nothing it could not store,
   /// `/readyz` says why, and once the store accepts again every message arrives exactly once, in order.
   @Test func aFailingStoreShowsNothingAndLosesNothing() async throws {

@@ -51,6 +51,8 @@ public actor AccountHub {
     /// Where each account's ring, ids and cursors live (`store.kind`): an account that comes back after a restart
     /// resumes from what was stored for it.
     public var store: EventStore
+    /// Names accounts without a user id: from `store`'s kept secret (`Relay.start` reads it), else fresh.
+    var accountKeys = AccountKeys(secret: AccountKeys.freshSecret(), stable: false)
 
     public init(
       makeAdapter: @escaping @Sendable (_ credential: String) -> UpstreamAdapter, worker: UpstreamWorker.Settings,
@@ -390,7 +392,7 @@ public actor AccountHub {
     }
     stats.credentialChecks["accepted", default: 0] += 1
     lastReached = MonotonicClock.seconds()
-    let key = identity.map { "user:\($0.user)" } ?? "credential:\(digest.hex)"
+    let key = identity.map { "user:\($0.user)" } ?? upstream.accountKeys.key(for: credential)
     var restored: StoredFeed?
     if accounts[key] == nil && upstream.store.isDurable {
       // An account not in memory may be in the store (it was here before a restart): read off the loop.

@@ -109,6 +109,8 @@ public final class Relay: Sendable {
       // One store for every feed: the accounts' feeds are kept beside the shared one.
       var hubUpstream = accounts.upstream
       hubUpstream.store = store
+      // Accounts without a user id are named by a keyed hash of their key, the secret kept in the store.
+      hubUpstream.accountKeys = try AccountKeys(store: store)
       hub = try await loop.submit { [hubUpstream] () throws(UpstreamError) -> AccountHub in
         try AccountHub(loop: loop, upstream: hubUpstream, settings: accounts.settings, logger: logger)
       }

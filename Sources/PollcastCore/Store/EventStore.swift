@@ -31,6 +31,13 @@ public protocol EventStore: AnyObject, Sendable {
   func statistics() -> StoreStatistics
   /// Waits for the commits already given and closes the store. Later commits fail.
   func close()
+  /// The secret that keys the names of accounts without a user id (`AccountKeys`): created once and kept with the
+  /// store, so such an account finds its stored feed after a restart. Nil for a store that keeps nothing.
+  func accountKeySecret() throws(StoreError) -> [UInt8]?
+}
+
+extension EventStore {
+  public func accountKeySecret() throws(StoreError) -> [UInt8]? { nil }
 }
 
 /// Where the upstream loop stands: the streams it polls and the cursor of each (the newest upstream id whose

@@ -7,9 +7,10 @@ public final class Relay: Sendable {
   public let feed: Feed
   public let server: SSEServer
   public let worker: UpstreamWorker?
-  /// `store.kind = redis`: this node's part in the cluster (it leads the shared feed and runs `worker`, or
-  /// follows it).
-  public let replica: FeedReplica?
+  /// Who polls the shared feed: this node (`LocalOwner`), or the lease holder among the nodes of a shared store.
+  public let owner: any FeedOwner
+  /// A shared store's lease owner (tests read its statistics).
+  public var replica: FeedReplica? { owner as? FeedReplica }
   /// `auth.mode = upstream`: one feed and loop per account (the shared feed then stays empty).
   public var hub: AccountHub? { server.feeds.accounts }
   /// `host:port` the server listens on.
@@ -41,10 +42,10 @@ public final class Relay: Sendable {
   }
 
   private init(
-    loop: EventLoop, feed: Feed, server: SSEServer, worker: UpstreamWorker?, replica: FeedReplica?, address: String,
+    loop: EventLoop, feed: Feed, server: SSEServer, worker: UpstreamWorker?, owner: any FeedOwner, address: String,
     logger: Logger, lagProbe: LoopLagProbe, shutdownSpread: Double
   ) {
-    self.replica = replica
+    self.owner = owner
     self.lagProbe = lagProbe
     self.shutdownSpread = shutdownSpread
     self.loop = loop
@@ -66,9 +67,8 @@ public final class Relay: Sendable {
     leaseSeconds: Double = 5
   ) async throws -> Relay {
     let restored = try store.load(feed: "shared")
-    let shared = store as? RedisEventStore
     var ids = ids
-    if shared != nil {
+    if store.sharedAcrossNodes {
       // A node of a cluster shows what the stream holds and follows on from its head; ids of its own come only
       // once it leads the feed (`Feed.lead`), above the stored head.
       ids = EventIDAllocator(startMicroseconds: 0, persistedAtLeast: restored?.headID ?? 0)
@@ -90,20 +90,18 @@ public final class Relay: Sendable {
     let loop = try EventLoop()
     loop.start()
     let lagProbe = await loop.submit { LoopLagProbe(loop: loop) }
-    if let shared { await loop.submit { shared.attach(to: loop) } }
+    await loop.submit { store.attach(to: loop) }
     let feed = Feed(loop: loop, settings: feedSettings, ids: ids, store: store, restored: restored)
     await feed.start()
     var worker: UpstreamWorker?
     if let upstream {
       worker = try await makeWorker(loop: loop, feed: feed, upstream: upstream, logger: logger)
-      if shared == nil, let restored, let position = restored.position {
+      if !store.sharedAcrossNodes, let restored, let position = restored.position {
         await worker?.restore(position, events: restored.events)
       }
     }
-    let replica = shared.map {
-      FeedReplica(
-        store: $0, feed: feed, worker: worker, leaseSeconds: leaseSeconds, logger: logger, restored: restored)
-    }
+    let owner = store.owner(
+      of: feed, worker: worker, leaseSeconds: leaseSeconds, logger: logger, restored: restored)
     var hub: AccountHub?
     if let accounts {
       // One store for every feed: the accounts' feeds are kept beside the shared one.
@@ -130,24 +128,18 @@ public final class Relay: Sendable {
     await server.addRoute("/healthz", .init { (200, "application/json", "{\"status\":\"ok\"}\n") })
     await server.addRoute(
       "/readyz",
-      .init { [worker, hub, replica] in
-        var (ready, reason) = worker?.assumeIsolated { $0.readiness() } ?? (true, "no upstream configured")
-        if let replica { (ready, reason) = replica.assumeIsolated { $0.readiness() } }
+      .init { [owner, hub] in
+        var (ready, reason) = owner.readinessOnLoop()
         if let hub { (ready, reason) = hub.assumeIsolated { $0.readiness() } }
         let body = JSONText.object(["ready": ready ? "true" : "false", "reason": JSONText.quoted(reason)]) + "\n"
         return (ready ? 200 : 503, "application/json", body)
       })
     await server.addRoute(
       "/metrics",
-      .init { [feed, worker, lagProbe, hub, replica, weak server] in
+      .init { [feed, worker, lagProbe, hub, owner, weak server] in
         let stats = feed.assumeIsolated { $0.statistics() }
         var store = feed.store.statistics()
-        if let replica {
-          replica.assumeIsolated { replica in
-            store.replication = replica.statistics
-            store.role = replica.role.rawValue
-          }
-        }
+        owner.describeOnLoop(&store)
         let upstream = worker?.assumeIsolated { $0.snapshot() }
         let accounts = hub?.assumeIsolated { $0.statistics() }
         let protection = server?.assumeIsolated { $0.protectionCounters }
@@ -162,18 +154,14 @@ public final class Relay: Sendable {
     do {
       address = try await server.start()
     } catch {
-      await worker?.stop()
+      await owner.stop()
       store.close()
       loop.stop()
       throw error
     }
-    if let replica {
-      await replica.start()
-    } else {
-      await worker?.start()
-    }
+    await owner.start()
     return Relay(
-      loop: loop, feed: feed, server: server, worker: worker, replica: replica, address: address, logger: logger,
+      loop: loop, feed: feed, server: server, worker: worker, owner: owner, address: address, logger: logger,
       lagProbe: lagProbe, shutdownSpread: shutdownSpread)
   }
 
@@ -227,10 +215,9 @@ public final class Relay: Sendable {
 
   /// Stops the upstream worker, stops accepting, ends every stream, stops the loop. Idempotent.
   public func shutdown(deadline: Double = 5) async {
-    await worker?.stop()
-    if let replica {
-      await replica.stop()
-      // The lease goes at once (another node takes over while this one ends its streams), and Redis's
+    await owner.stop()
+    if feed.store.sharedAcrossNodes {
+      // The lease goes at once (another node takes over while this one ends its streams), and the store's
       // connections close while the loop that drives them still runs.
       feed.store.close()
     }
@@ -238,6 +225,6 @@ public final class Relay: Sendable {
     await loop.submit { [lagProbe] in lagProbe.stop() }
     loop.stop()
     // Every commit given before the worker stopped is waited for; the WAL is folded into the file.
-    if replica == nil { feed.store.close() }
+    if !feed.store.sharedAcrossNodes { feed.store.close() }
   }
 }

@@ -34,10 +34,28 @@ public protocol EventStore: AnyObject, Sendable {
   /// The secret that keys the names of accounts without a user id (`AccountKeys`): created once and kept with the
   /// store, so such an account finds its stored feed after a restart. Nil for a store that keeps nothing.
   func accountKeySecret() throws(StoreError) -> [UInt8]?
+
+  // Capabilities: the relay asks these, never which store it has.
+
+  /// Several relays read and write it: a node shows what the store holds and issues ids only while it owns the
+  /// feed (above the stored head), and the store closes (releasing leases) before the streams end.
+  var sharedAcrossNodes: Bool { get }
+  /// Connects to `loop` (called once, on the loop, before anything is committed or followed).
+  func attach(to loop: EventLoop)
+  /// Who polls `feed`'s upstream with `worker`: this node (`LocalOwner`), or whichever node holds its lease.
+  func owner(of feed: Feed, worker: UpstreamWorker?, leaseSeconds: Double, logger: Logger, restored: StoredFeed?)
+    -> any FeedOwner
 }
 
 extension EventStore {
   public func accountKeySecret() throws(StoreError) -> [UInt8]? { nil }
+  public var sharedAcrossNodes: Bool { false }
+  public func attach(to loop: EventLoop) {}
+  public func owner(
+    of feed: Feed, worker: UpstreamWorker?, leaseSeconds: Double, logger: Logger, restored: StoredFeed?
+  ) -> any FeedOwner {
+    LocalOwner(worker: worker)
+  }
 }
 
 /// Where the upstream loop stands: the streams it polls and the cursor of each (the newest upstream id whose

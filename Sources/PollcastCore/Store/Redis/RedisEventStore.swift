@@ -79,8 +79,18 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
 
   // MARK: Connections
 
+  public var sharedAcrossNodes: Bool { true }
+
+  /// The lease owner: the node that holds the feed's lease polls with `worker`, the others follow the stream.
+  public func owner(
+    of feed: Feed, worker: UpstreamWorker?, leaseSeconds: Double, logger: Logger, restored: StoredFeed?
+  ) -> any FeedOwner {
+    FeedReplica(
+      store: self, feed: feed, worker: worker, leaseSeconds: leaseSeconds, logger: logger, restored: restored)
+  }
+
   /// Connects both connections on `loop` (called once, on the loop, before anything is committed or followed).
-  func attach(to loop: EventLoop) {
+  public func attach(to loop: EventLoop) {
     loop.checkIsolated()
     let first = attachedLoop.withLock { attached -> Bool in
       guard attached == nil else { return false }

@@ -1,0 +1,45 @@
+/// Who polls a feed's upstream. Every feed has one, whatever the mode and the store:
+///
+/// - `LocalOwner`: this node runs the feed's worker (a store that is not shared across nodes).
+/// - `FeedReplica`, the lease owner: whichever node holds the feed's lease polls, the others follow what it
+///   stores (a store shared across nodes makes it: `EventStore.owner(of:worker:leaseSeconds:logger:restored:)`).
+///
+/// The relay starts, stops and asks every owner the same way, and never asks which kind it has.
+public protocol FeedOwner: AnyObject, Sendable {
+  /// Starts polling (or following), after the server listens.
+  func start() async
+  /// Stops polling and following (shutdown).
+  func stop() async
+  /// `/readyz`, on the loop.
+  nonisolated func readinessOnLoop() -> (ready: Bool, reason: String)
+  /// `/metrics`, on the loop: what the owner adds to the store's figures (role, replication).
+  nonisolated func describeOnLoop(_ statistics: inout StoreStatistics)
+}
+
+/// This node polls the feed's upstream with `worker` (nil: no upstream configured).
+public final class LocalOwner: FeedOwner {
+  public let worker: UpstreamWorker?
+
+  public init(worker: UpstreamWorker?) { self.worker = worker }
+
+  public func start() async { await worker?.start() }
+  public func stop() async { await worker?.stop() }
+
+  public func readinessOnLoop() -> (ready: Bool, reason: String) {
+    worker?.assumeIsolated { $0.readiness() } ?? (true, "no upstream configured")
+  }
+
+  public func describeOnLoop(_ statistics: inout StoreStatistics) {}
+}
+
+extension FeedReplica: FeedOwner {
+  public nonisolated func readinessOnLoop() -> (ready: Bool, reason: String) {
+    assumeIsolated { $0.readiness() }
+  }
+
+  public nonisolated func describeOnLoop(_ statistics: inout StoreStatistics) {
+    let (replication, role) = assumeIsolated { ($0.statistics, $0.role.rawValue) }
+    statistics.replication = replication
+    statistics.role = role
+  }
+}

@@ -226,37 +226,6 @@ public struct Configuration: Codable, Sendable, Equatable {
 }
 
 extension Configuration {
-  /// The server settings this configuration describes (call after `validate()` passed); `access.jwt` is filled
-  /// by `jwtSettings()`, which reads the key files.
-  public var serverSettings: ServerSettings {
-    let address = (try? ListenAddress.parse(server.listen)) ?? ListenAddress(host: "127.0.0.1", port: 8080)
-    var settings = ServerSettings(
-      host: address.host, port: address.port, maxHeaderBytes: server.maxHeaderBytes, maxURLBytes: server.maxURLBytes,
-      maxBodyBytes: server.maxBodyBytes, timeout: server.timeoutSeconds, backlog: server.backlog,
-      headerTimeout: server.headerTimeoutSeconds, descriptorReserve: server.descriptorReserve,
-      cors: CORSPolicy(
-        allowedOrigins: cors.allowedOrigins, allowCredentials: cors.allowCredentials, maxAge: cors.maxAgeSeconds),
-      access: AccessSettings(
-        jwt: nil, cookieName: auth.cookieName, allowQueryToken: auth.allowQueryToken,
-        admission: Admission.Limits(
-          maxConnections: server.maxConnections, maxPerAddress: server.maxConnectionsPerAddress,
-          maxPerSubject: server.maxConnectionsPerSubject, maxFailuresPerMinute: auth.maxFailuresPerMinute),
-        trustedProxies: server.trustedProxies.compactMap(AddressBlock.init)))
-    settings.access.perUser = auth.mode == "upstream"
-    settings.access.credentialCharset = CredentialCharset(rawValue: auth.credentialCharset) ?? .b64token
-    return settings
-  }
-
-  public var feedSettings: FeedSettings {
-    FeedSettings(
-      ring: .init(
-        maxEvents: ring.maxEvents, maxBytes: ring.maxBytes, maxAge: ring.maxAgeSeconds > 0 ? ring.maxAgeSeconds : nil),
-      maxPendingBytes: sse.maxPendingBytes, heartbeatInterval: sse.heartbeatSeconds,
-      retryMilliseconds: sse.retryMilliseconds, replayChunkBytes: sse.replayChunkBytes,
-      maxConnectionAge: sse.maxConnectionAgeSeconds > 0 ? sse.maxConnectionAgeSeconds : nil,
-      maxConnectionAgeJitter: sse.maxConnectionAgeJitterSeconds)
-  }
-
   public var logger: Logger {
     Logger(
       label: "pollcast", level: Logger.Level(name: log.level) ?? .info,
@@ -345,19 +314,19 @@ extension Configuration {
 extension Configuration {
   /// Whether an upstream is configured (the relay can also run with only in-process sources).
   public var hasUpstream: Bool {
-    upstream.adapter == "generic" ? !generic.urlTemplate.isEmpty : !upstream.url.isEmpty
+    adapterKind == .generic ? !generic.urlTemplate.isEmpty : !upstream.url.isEmpty
   }
 
   func upstreamProblems() -> [String] {
     var problems: [String] = []
     func isHTTP(_ url: String) -> Bool { url.hasPrefix("http://") || url.hasPrefix("https://") }
-    switch upstream.adapter {
-    case "chat":
+    switch adapterKind {
+    case .chat:
       if !upstream.url.isEmpty && !isHTTP(upstream.url) {
         problems.append("upstream.url: \"\(redactURL(upstream.url))\" must start with http:// or https://")
       }
       if let problem = OutgoingRequest.problem(inURL: upstream.url) { problems.append("upstream.url: \(problem)") }
-    case "generic":
+    case .generic:
       if !generic.urlTemplate.isEmpty && !isHTTP(generic.urlTemplate) {
         problems.append(
           "generic.url_template: \"\(redactURL(generic.urlTemplate))\" must start with http:// or https://")
@@ -381,7 +350,7 @@ extension Configuration {
         problems.append("generic.initial_cursor: \"\(generic.initialCursor)\" is not an unsigned integer")
       }
       if !(generic.timeoutSeconds > 0) { problems.append("generic.timeout_seconds: must be greater than 0") }
-    default:
+    case nil:
       problems.append("upstream.adapter: \"\(upstream.adapter)\" is not chat or generic")
     }
     if UpstreamWorker.StartFrom(rawValue: upstream.startFrom) == nil {
@@ -410,46 +379,6 @@ extension Configuration {
     }
     if upstream.maxBodyBytes <= 0 { problems.append("upstream.max_body_bytes: must be greater than 0") }
     return problems
-  }
-
-  public var workerSettings: UpstreamWorker.Settings {
-    var settings = UpstreamWorker.Settings()
-    settings.startFrom = UpstreamWorker.StartFrom(rawValue: upstream.startFrom) ?? .latest
-    settings.backoff = Backoff(base: upstream.backoffBaseSeconds, cap: upstream.backoffCapSeconds)
-    settings.idleAfter = upstream.idleAfterSeconds > 0 ? upstream.idleAfterSeconds : nil
-    settings.readyWindow = upstream.readyWindowSeconds
-    settings.resyncInterval = upstream.resyncIntervalSeconds
-    settings.minPollInterval = upstream.minPollIntervalSeconds
-    return settings
-  }
-
-  var genericSettings: GenericAdapter.Settings {
-    .init(
-      urlTemplate: generic.urlTemplate, eventsPointer: generic.eventsPointer, idPointer: generic.idPointer,
-      headers: generic.headers, stream: generic.stream, timeout: generic.timeoutSeconds,
-      connectTimeout: upstream.connectTimeoutSeconds,
-      initialCursor: ResumeDecision.parseEventID(generic.initialCursor) ?? 0)
-  }
-
-  /// The adapter this configuration names; with `credential` (per-user relaying), one that sends that key.
-  public func makeAdapter(credential: String? = nil) -> UpstreamAdapter {
-    if upstream.adapter == "generic" {
-      return GenericAdapter(settings: genericSettings, credential: credential)
-    }
-    return ChatAdapter(
-      baseURL: upstream.url, holdSeconds: upstream.pollTimeoutSeconds, marginSeconds: upstream.requestMarginSeconds,
-      requestTimeout: upstream.requestTimeoutSeconds, connectTimeout: upstream.connectTimeoutSeconds)
-  }
-
-  /// Per-user relaying's bounds and timings (`auth.mode = upstream`).
-  public var accountSettings: AccountHub.Settings {
-    var settings = AccountHub.Settings()
-    settings.maxActiveAccounts = upstream.maxAccounts
-    settings.maxRetainedAccounts = upstream.maxRetainedAccounts
-    settings.maxTotalRingBytes = upstream.maxTotalRingBytes
-    settings.grace = upstream.idleAfterSeconds > 0 ? upstream.idleAfterSeconds : 30
-    settings.credentialCacheSeconds = auth.credentialCacheSeconds
-    return settings
   }
 
   /// This configuration with secrets replaced, for `--print-config` and logs.
@@ -502,24 +431,30 @@ public struct ConfigurationError: Error, CustomStringConvertible, Sendable, Equa
   public var description: String { problems.joined(separator: "\n") }
 }
 
+/// `auth.mode`: who may read what.
+public enum AuthMode: String, CaseIterable, Sendable { case none, jwt, upstream }
+/// `store.kind`: where rings, ids and cursors live.
+public enum StoreKind: String, CaseIterable, Sendable { case memory, sqlite, redis }
+/// `upstream.adapter`: the legacy API's shape.
+public enum AdapterKind: String, CaseIterable, Sendable { case chat, generic }
+
 extension Configuration {
+  /// The typed mode, kind and adapter (nil: not one of them; `problems()` names it). The file, environment and
+  /// flags carry them as text; code branches on these.
+  public var authMode: AuthMode? { AuthMode(rawValue: auth.mode) }
+  public var storeKind: StoreKind? { StoreKind(rawValue: store.kind) }
+  public var adapterKind: AdapterKind? { AdapterKind(rawValue: upstream.adapter) }
+
   func storeProblems() -> [String] {
     var problems: [String] = []
-    switch store.kind {
-    case "memory":
+    switch storeKind {
+    case .memory:
       break
-    case "sqlite":
+    case .sqlite:
       if store.path.isEmpty {
         problems.append("store.path: store.kind sqlite needs a file path (--store-path /var/lib/pollcast/pollcast.db)")
       }
-      if auth.mode == "upstream" && upstream.adapter == "generic" {
-        // Accounts of an API without a session step are known only by a digest of their key, salted per
-        // process: nothing would find them again after a restart.
-        problems.append(
-          "store.kind: sqlite keeps the accounts of the chat adapter (known by user id); with auth.mode upstream the"
-            + " generic adapter's accounts (known only by their key) need store.kind memory")
-      }
-    case "redis":
+    case .redis:
       if case .failure(let problem) = RedisAddress.parse(store.redisURL) {
         problems.append("store.redis_url: \(problem)")
       }
@@ -529,7 +464,7 @@ extension Configuration {
       if !(0.2...600).contains(store.leaseSeconds) {
         problems.append("store.lease_seconds: \(store.leaseSeconds) is not within 0.2-600")
       }
-      if auth.mode == "upstream" {
+      if authMode == .upstream {
         problems.append(
           "store.kind: redis relays the shared feed across nodes; per-user relaying (auth.mode upstream) needs"
             + " store.kind memory or sqlite")
@@ -539,7 +474,7 @@ extension Configuration {
           "upstream.idle_after_seconds: with store.kind redis the leader polls for every node's subscribers and"
             + " cannot idle on its own count; set it to 0")
       }
-    default:
+    case nil:
       problems.append("store.kind: \"\(store.kind)\" is not memory, sqlite or redis")
     }
     if SQLiteEventStore.Synchronous(rawValue: store.synchronous) == nil {
@@ -553,22 +488,8 @@ extension Configuration {
   /// embedded demo fixture is one source whatever port it got.
   public var sourceIdentity: String {
     if isDemo { return "\(upstream.adapter) embedded demo fixture" }
-    let url = upstream.adapter == "generic" ? generic.urlTemplate : upstream.url
+    let url = adapterKind == .generic ? generic.urlTemplate : upstream.url
     return "\(upstream.adapter) \(identityURL(url))"
-  }
-
-  /// Opens the store this configuration names (reading and checking a sqlite file).
-  public func openStore(logger: Logger) throws(StoreError) -> EventStore {
-    if store.kind == "redis", case .success(let address) = RedisAddress.parse(store.redisURL) {
-      return RedisEventStore(
-        address: address, prefix: store.redisPrefix, nodeID: store.nodeID.isEmpty ? nil : store.nodeID,
-        commandTimeout: max(1, store.leaseSeconds), source: sourceIdentity, logger: logger)
-    }
-    guard store.kind == "sqlite" else { return MemoryEventStore() }
-    return try SQLiteEventStore.open(
-      path: store.path, synchronous: SQLiteEventStore.Synchronous(rawValue: store.synchronous) ?? .normal,
-      resetIfCorrupt: store.resetIfCorrupt, source: sourceIdentity, resetOnSourceChange: store.resetOnSourceChange,
-      logger: logger)
   }
 
   func authProblems() -> [String] {
@@ -583,10 +504,10 @@ extension Configuration {
       problems.append("auth.cookie_name: \"\(auth.cookieName)\" is not a cookie name")
     }
     if auth.maxFailuresPerMinute < 0 { problems.append("auth.max_failures_per_minute: must not be negative") }
-    switch auth.mode {
-    case "none":
+    switch authMode {
+    case .none?:
       break
-    case "jwt":
+    case .jwt:
       if JWTVerifier.Algorithm(rawValue: auth.jwt.algorithm) == nil {
         problems.append("auth.jwt.algorithm: \"\(auth.jwt.algorithm)\" is not HS256, RS256 or ES256")
       }
@@ -596,8 +517,8 @@ extension Configuration {
       if !(auth.jwt.leewaySeconds >= 0 && auth.jwt.leewaySeconds <= 600) {
         problems.append("auth.jwt.leeway_seconds: must be between 0 and 600")
       }
-    case "upstream":
-      if upstream.adapter == "generic" && !generic.urlTemplate.isEmpty
+    case .upstream:
+      if adapterKind == .generic && !generic.urlTemplate.isEmpty
         && !GenericAdapter.usesCredential(genericSettings)
       {
         problems.append(
@@ -612,17 +533,10 @@ extension Configuration {
         problems.append("upstream.max_retained_accounts: must be at least upstream.max_accounts")
       }
       if upstream.maxTotalRingBytes < 1 { problems.append("upstream.max_total_ring_bytes: must be at least 1") }
-    default:
+    case nil:
       problems.append("auth.mode: \"\(auth.mode)\" is not none, jwt or upstream")
     }
     return problems
   }
 
-  /// What `auth.mode = jwt` verifies with, its key files read (call after `validate()` passed).
-  public func jwtSettings() throws(ConfigurationError) -> JWTSettings? {
-    guard auth.mode == "jwt", let algorithm = JWTVerifier.Algorithm(rawValue: auth.jwt.algorithm) else { return nil }
-    return try JWTSettings.load(
-      algorithm: algorithm, keyFile: auth.jwt.keyFile, keysDirectory: auth.jwt.keysDirectory,
-      audience: auth.jwt.audience.isEmpty ? nil : auth.jwt.audience, leeway: auth.jwt.leewaySeconds)
-  }
 }

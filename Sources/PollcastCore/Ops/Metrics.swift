@@ -97,7 +97,7 @@ public enum Metrics {
     if let protection {
       metric(
         "pollcast_auth_mode", "gauge", "Who may read what (auth.mode): 1 for the mode in force.",
-        ["none", "jwt", "upstream"].map { ("{mode=\"\($0)\"}", $0 == protection.authMode ? "1" : "0") })
+        AuthMode.allCases.map { ("{mode=\"\($0.rawValue)\"}", $0.rawValue == protection.authMode ? "1" : "0") })
     }
     if let accounts {
       one(

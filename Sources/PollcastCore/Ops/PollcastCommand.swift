@@ -60,7 +60,7 @@ public enum PollcastCommand {
         overrides: options.overrides.map { ($0.key, $0.value) })
       if !options.demo && !options.printConfig && !configuration.hasUpstream {
         throw ConfigurationError(
-          configuration.upstream.adapter == "generic"
+          configuration.adapterKind == .generic
             ? "generic.url_template is required for the generic adapter"
             : "upstream.url is required (--upstream-url URL), or run --demo against the embedded fixture")
       }
@@ -121,7 +121,7 @@ public enum PollcastCommand {
     logger.info(
       "listening",
       metadata: ["address": relay.address, "version": PollcastVersion.current, "max_open_files": String(descriptors)])
-    if demo != nil && configuration.auth.mode == "upstream" {
+    if demo != nil && configuration.authMode == .upstream {
       logger.info(
         "demo running, per-user: curl -N -H 'Authorization: Bearer key-1000' http://\(relay.address)/events",
         metadata: ["demo_accounts": "dev-key (user 101, linked 202), key-1000 … key-1009"])
@@ -129,7 +129,7 @@ public enum PollcastCommand {
       logger.info("demo running: curl -N http://\(relay.address)/events")
     }
     // SIGHUP re-reads the token keys (rotation without a restart); a bad key set keeps the previous one.
-    let reloader = configuration.auth.mode == "jwt" ? KeyReloader(relay: relay, configuration: configuration) : nil
+    let reloader = configuration.authMode == .jwt ? KeyReloader(relay: relay, configuration: configuration) : nil
     await reloader?.start()
     let signal = await SignalWaiter.wait(loop: relay.loop, signals: [SIGTERM, SIGINT])
     await reloader?.stop()

@@ -182,7 +182,7 @@ public final class Relay: Sendable {
   }
 
   public static func start(configuration: Configuration) async throws -> Relay {
-    let perUser = configuration.auth.mode == "upstream" && configuration.hasUpstream
+    let perUser = configuration.authMode == .upstream && configuration.hasUpstream
     let accounts =
       perUser
       ? (

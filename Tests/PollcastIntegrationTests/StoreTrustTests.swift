@@ -147,6 +147,12 @@ import Testing
     let b = try await node("b")
     try await waitReady(port: b.port, timeout: 10 * timingFactor)
     let clients = [try TestSSEClient(port: a.port), try TestSSEClient(port: b.port)]
+    // A node is ready as a follower before it first takes the lease: m1 waits until the leader polls, or it would
+    // be older than the first session's newest id (start_from latest) and rightly never relayed. The full suite
+    // lost that race once in four runs.
+    try clients[0].waitUntil(timeout: 10 * timingFactor, "live") {
+      $0.events.contains { $0.type == "upstream" && $0.data.contains("live") }
+    }
     _ = await fixture.append(user: "101", texts: ["m1"])
     for client in clients { try client.waitUntil(timeout: 10, "m1") { $0.relayedMessages.count == 1 } }
     let head = try #require(UInt64(clients[0].events(ofType: "message").last?.lastEventID ?? ""))

@@ -34,6 +34,22 @@ import Testing
     try done.withLock { $0! }.get()
   }
 
+  /// A file whose events index misses a row passes `quick_check` but not `integrity_check`: it is refused as
+  /// corrupt, never loaded without that row (the store fuzzer's find, kept as a seed).
+  @Test func aFileWhoseIndexMissesARowIsRefusedAsCorrupt() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let seed = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent(
+      "../../Fuzz/corpus/store/index-missing-a-row")
+    try FileManager.default.copyItem(at: seed, to: URL(fileURLWithPath: path))
+    do {
+      _ = try SQLiteEventStore.open(path: path)
+      Issue.record("a damaged file opened")
+    } catch {
+      #expect(error.kind == .corrupt)
+      #expect(error.description.contains("missing from index"), "\(error)")
+    }
+  }
+
   /// Accounts without a user id are named by HMAC-SHA256 of their key: the secret is made once and kept, so the
   /// same key names the same account after a reopen; another store's secret names it differently.
   @Test func theAccountKeySecretIsMadeOnceAndKept() throws {

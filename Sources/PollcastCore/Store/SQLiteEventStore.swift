@@ -143,7 +143,10 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     // Takes the exclusive lock now: a second process on this file fails here, not at its first commit.
     try execute("BEGIN IMMEDIATE")
     try execute("COMMIT")
-    let check = try text("PRAGMA quick_check")
+    // integrity_check, not quick_check: quick_check does not compare indexes with their tables, and a file whose
+    // events index misses a row opened, loaded without that row and lost what was committed above it (found by
+    // the store fuzzer). On a 58 MB store both take ~30 ms.
+    let check = try text("PRAGMA integrity_check")
     guard check == "ok" else {
       throw StoreError(.corrupt, path: path, "integrity check failed: \(check ?? "no answer")")
     }

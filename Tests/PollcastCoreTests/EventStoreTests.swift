@@ -62,15 +62,15 @@ import Testing
     let reopened = try SQLiteEventStore.open(path: path)
     #expect(try reopened.accountKeySecret() == secret)
     reopened.close()
-    let keys = AccountKeys(secret: secret, stable: true)
+    let keys = AccountKeys(secret: secret)
     let name = keys.key(for: "key-1000")
     #expect(name.hasPrefix("credential:") && name.count == "credential:".count + 32)
     #expect(keys.key(for: "key-1000") == name && keys.key(for: "key-1001") != name)
-    #expect(AccountKeys(secret: AccountKeys.freshSecret(), stable: false).key(for: "key-1000") != name)
+    #expect(AccountKeys(secret: AccountKeys.freshSecret()).key(for: "key-1000") != name)
     #expect(try MemoryEventStore().accountKeySecret() == nil)
     // RFC 4231 test case 2: HMAC-SHA256("Jefe", "what do ya want for nothing?"), first 16 bytes.
     #expect(
-      AccountKeys(secret: Array("Jefe".utf8), stable: true).key(for: "what do ya want for nothing?")
+      AccountKeys(secret: Array("Jefe".utf8)).key(for: "what do ya want for nothing?")
         == "credential:5bdcc146bf60754e6a042426089575c7")
   }
 

@@ -52,7 +52,7 @@ public actor AccountHub {
     /// resumes from what was stored for it.
     public var store: EventStore
     /// Names accounts without a user id: from `store`'s kept secret (`Relay.start` reads it), else fresh.
-    var accountKeys = AccountKeys(secret: AccountKeys.freshSecret(), stable: false)
+    var accountKeys = AccountKeys(secret: AccountKeys.freshSecret())
 
     public init(
       makeAdapter: @escaping @Sendable (_ credential: String) -> UpstreamAdapter, worker: UpstreamWorker.Settings,

@@ -5,21 +5,12 @@ import CSSL
 /// and cursors across restarts. The credential itself is never stored or logged.
 struct AccountKeys: Sendable {
   let secret: [UInt8]
-  /// Whether the secret lives in the store (stable across restarts) or only in this process.
-  let stable: Bool
 
-  init(secret: [UInt8], stable: Bool) {
-    self.secret = secret
-    self.stable = stable
-  }
+  init(secret: [UInt8]) { self.secret = secret }
 
   /// From the store's secret, or a fresh one for this process when the store keeps none (memory).
   init(store: EventStore) throws(StoreError) {
-    if let kept = try store.accountKeySecret() {
-      self.init(secret: kept, stable: true)
-    } else {
-      self.init(secret: AccountKeys.freshSecret(), stable: false)
-    }
+    self.init(secret: try store.accountKeySecret() ?? AccountKeys.freshSecret())
   }
 
   /// 32 bytes from OpenSSL's CSPRNG.
@@ -41,10 +32,6 @@ struct AccountKeys: Sendable {
     }
     precondition(done != nil && length == 32, "HMAC-SHA256 failed")
     // 128 bits name an account without collisions among any number of keys a relay will see.
-    return "credential:"
-      + digest.prefix(16).map { byte in
-        let hex = String(byte, radix: 16)
-        return byte < 16 ? "0" + hex : hex
-      }.joined()
+    return "credential:" + digest.prefix(16).lowercaseHex
   }
 }

@@ -305,7 +305,7 @@ public final class JWTVerifier {
     _ = input.withUnsafeBufferPointer { buffer in
       EVP_Digest(buffer.baseAddress, buffer.count, &bytes, &length, EVP_sha256(), nil)
     }
-    return bytes.prefix(Int(length)).map { String(format: "%02x", $0) }.joined()
+    return bytes.prefix(Int(length)).lowercaseHex
   }
 
   static func claims(from claims: RawJSON, audience: String?) -> Result<TokenClaims, TokenRejection> {

@@ -222,7 +222,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
           return .success(kept)
         }
         let made = AccountKeys.freshSecret()
-        try setMeta("account_key_secret", made.map { String(format: "%02x", $0) }.joined())
+        try setMeta("account_key_secret", made.lowercaseHex)
         return .success(made)
       } catch {
         return .failure(error)

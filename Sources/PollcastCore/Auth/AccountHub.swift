@@ -53,6 +53,8 @@ public actor AccountHub {
     public var store: EventStore
     /// Names accounts without a user id: from `store`'s kept secret (`Relay.start` reads it), else fresh.
     var accountKeys = AccountKeys(secret: AccountKeys.freshSecret())
+    /// A store shared across nodes: each account's poller lease (`EventStore.owner`).
+    public var leaseSeconds = 5.0
 
     public init(
       makeAdapter: @escaping @Sendable (_ credential: String) -> UpstreamAdapter, worker: UpstreamWorker.Settings,
@@ -86,6 +88,9 @@ public actor AccountHub {
     /// What logs and metrics may show: the user id, or `account-<n>`.
     public let label: String
     public let feed: Feed
+    /// Who polls the account: this node (`LocalOwner`), or on a store shared across nodes whichever node serving
+    /// the account holds its lease (the others follow its stream).
+    let owner: any FeedOwner
     public fileprivate(set) var worker: UpstreamWorker?
     /// Where a stopped loop left off.
     fileprivate var position: UpstreamWorker.Position?
@@ -102,10 +107,11 @@ public actor AccountHub {
     /// refusal of that first poll counts against that address like a refused check.
     fileprivate var unverifiedFrom: String?
 
-    fileprivate init(key: String, label: String, feed: Feed, streams: [String], now: Double) {
+    fileprivate init(key: String, label: String, feed: Feed, owner: any FeedOwner, streams: [String], now: Double) {
       self.key = key
       self.label = label
       self.feed = feed
+      self.owner = owner
       self.identifiedStreams = streams
       self.lastUsed = now
     }
@@ -116,6 +122,10 @@ public actor AccountHub {
     }
 
     public var isActive: Bool { worker != nil }
+
+    /// Whether this node polls the account now (every poll then checks the key it polls with). A node that
+    /// follows another's polling must check its own subscribers' keys itself.
+    var pollsHere: Bool { worker?.assumeIsolated { $0.isRunning } ?? false }
   }
 
   /// What `/metrics` shows.
@@ -254,7 +264,7 @@ public actor AccountHub {
     for account in accounts.values where account.isActive {
       let open = account.feed.assumeIsolated { $0.openGrants }
       for (digest, entry) in account.credentials
-      where entry.credential != account.activeCredential && open.contains(digest.hex)
+      where (entry.credential != account.activeCredential || !account.pollsHere) && open.contains(digest.hex)
         && now - entry.checkedAt >= settings.credentialCacheSeconds && !rechecking.contains(digest)
       {
         rechecking.insert(digest)
@@ -309,7 +319,8 @@ public actor AccountHub {
     // it needs no legacy call of its own: a second subscriber of an account used to open a second legacy session.
     guard let key = acceptedIndex[digest], let account = accounts[key], account.isActive,
       let entry = account.credentials[digest], entry.credential == credential,
-      now - entry.checkedAt < settings.credentialCacheSeconds || credential == account.activeCredential
+      now - entry.checkedAt < settings.credentialCacheSeconds
+        || (credential == account.activeCredential && account.pollsHere)
     else { return nil }
     stats.credentialChecks["accepted_cached", default: 0] += 1
     account.lastUsed = now
@@ -475,12 +486,21 @@ public actor AccountHub {
       // An active account keeps its loop: the session this check opened is simply not used.
     } else {
       guard makeRoomForActive(), makeRoomForRetained() else { return full() }
+      let store = upstream.store
+      // On a store shared across nodes the feed shows the stored head and issues ids only while this node
+      // holds the account's lease, above the stored head (as the shared feed: `Relay.start`).
+      let ids =
+        store.sharedAcrossNodes
+        ? EventIDAllocator(startMicroseconds: 0, persistedAtLeast: restored?.headID ?? 0)
+        : EventIDAllocator(persistedAtLeast: max(highWater, restored?.headID ?? 0))
       let feed = Feed(
-        loop: loop, settings: upstream.feed,
-        ids: EventIDAllocator(persistedAtLeast: max(highWater, restored?.headID ?? 0)), store: upstream.store,
-        storeKey: Self.storeKey(key), restored: restored)
-      account = Account(
-        key: key, label: label ?? "account-\(nextLabel)", feed: feed, streams: streams, now: now)
+        loop: loop, settings: upstream.feed, ids: ids, store: store, storeKey: Self.storeKey(key), restored: restored)
+      let name = label ?? "account-\(nextLabel)"
+      var ownerLogger = logger
+      ownerLogger.label = "store.\(name)"
+      let owner = store.owner(
+        of: feed, worker: nil, leaseSeconds: upstream.leaseSeconds, logger: ownerLogger, restored: restored)
+      account = Account(key: key, label: name, feed: feed, owner: owner, streams: streams, now: now)
       if let restored, let position = restored.position {
         account.position = UpstreamWorker.Position(stored: position, events: restored.events)
       }
@@ -547,8 +567,9 @@ public actor AccountHub {
         guard let account else { return }
         self?.assumeIsolated { $0.keyRefused(account) }
       }
-      worker.start()
     }
+    // Polls now (this node), or whenever this node holds the account's lease (a shared store).
+    account.owner.resumeOnLoop(worker: worker)
     account.worker = worker
     account.activeCredential = credential
     account.feed.assumeIsolated { $0.start() }
@@ -561,8 +582,9 @@ public actor AccountHub {
     guard let worker = account.worker else { return }
     worker.assumeIsolated { worker in
       if let position = worker.position() { account.position = position }
-      worker.stop()
     }
+    // Stops the worker, and gives up the account's lease when this node held it.
+    account.owner.stopOnLoop()
     account.worker = nil
     account.activeCredential = nil
     for digest in account.credentials.keys where acceptedIndex[digest] == account.key { acceptedIndex[digest] = nil }

@@ -464,12 +464,8 @@ extension Configuration {
       if !(0.2...600).contains(store.leaseSeconds) {
         problems.append("store.lease_seconds: \(store.leaseSeconds) is not within 0.2-600")
       }
-      if authMode == .upstream {
-        problems.append(
-          "store.kind: redis relays the shared feed across nodes; per-user relaying (auth.mode upstream) needs"
-            + " store.kind memory or sqlite")
-      }
-      if upstream.idleAfterSeconds > 0 {
+      if upstream.idleAfterSeconds > 0 && authMode != .upstream {
+        // Per-user relaying: it is each account's grace on each node, which goes by that node's subscribers.
         problems.append(
           "upstream.idle_after_seconds: with store.kind redis the leader polls for every node's subscribers and"
             + " cannot idle on its own count; set it to 0")

@@ -10,6 +10,11 @@ public protocol FeedOwner: AnyObject, Sendable {
   func start() async
   /// Stops polling and following (shutdown).
   func stop() async
+  /// On the loop: polls with `worker` from now on, starting again after a stop (an account's loop starts again
+  /// here, with the key of the subscriber who came).
+  nonisolated func resumeOnLoop(worker: UpstreamWorker?)
+  /// On the loop: stops, as `stop()` (an account's grace ended here; a lease is given up at once).
+  nonisolated func stopOnLoop()
   /// `/readyz`, on the loop.
   nonisolated func readinessOnLoop() -> (ready: Bool, reason: String)
   /// `/metrics`, on the loop: what the owner adds to the store's figures (role, replication).
@@ -17,13 +22,21 @@ public protocol FeedOwner: AnyObject, Sendable {
 }
 
 /// This node polls the feed's upstream with `worker` (nil: no upstream configured).
-public final class LocalOwner: FeedOwner {
-  public let worker: UpstreamWorker?
+public final class LocalOwner: FeedOwner, @unchecked Sendable {  // `worker` changes on the loop only
+  public private(set) var worker: UpstreamWorker?
 
   public init(worker: UpstreamWorker?) { self.worker = worker }
 
   public func start() async { await worker?.start() }
   public func stop() async { await worker?.stop() }
+
+  public func resumeOnLoop(worker: UpstreamWorker?) {
+    self.worker?.assumeIsolated { $0.stop() }
+    self.worker = worker
+    worker?.assumeIsolated { $0.start() }
+  }
+
+  public func stopOnLoop() { worker?.assumeIsolated { $0.stop() } }
 
   public func readinessOnLoop() -> (ready: Bool, reason: String) {
     worker?.assumeIsolated { $0.readiness() } ?? (true, "no upstream configured")
@@ -33,6 +46,9 @@ public final class LocalOwner: FeedOwner {
 }
 
 extension FeedReplica: FeedOwner {
+  public nonisolated func resumeOnLoop(worker: UpstreamWorker?) { assumeIsolated { $0.resume(worker: worker) } }
+  public nonisolated func stopOnLoop() { assumeIsolated { $0.stop() } }
+
   public nonisolated func readinessOnLoop() -> (ready: Bool, reason: String) {
     assumeIsolated { $0.readiness() }
   }

@@ -37,7 +37,7 @@ public enum QueryString {
         let first = text.index(after: index)
         if first < text.endIndex {
           let second = text.index(after: first)
-          if second < text.endIndex, let high = hexValue(text[first]), let low = hexValue(text[second]) {
+          if second < text.endIndex, let high = hexDigit(text[first]), let low = hexDigit(text[second]) {
             bytes.append(high << 4 | low)
             index = text.index(after: second)
             continue
@@ -54,12 +54,4 @@ public enum QueryString {
     return String(decoding: bytes, as: UTF8.self)
   }
 
-  private static func hexValue(_ byte: UInt8) -> UInt8? {
-    switch byte {
-    case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
-    case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
-    case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
-    default: nil
-    }
-  }
 }

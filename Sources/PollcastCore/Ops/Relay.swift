@@ -107,6 +107,7 @@ public final class Relay: Sendable {
       // One store for every feed: the accounts' feeds are kept beside the shared one.
       var hubUpstream = accounts.upstream
       hubUpstream.store = store
+      hubUpstream.leaseSeconds = leaseSeconds
       // Accounts without a user id are named by a keyed hash of their key, the secret kept in the store.
       hubUpstream.accountKeys = try AccountKeys(store: store)
       hub = try await loop.submit { [hubUpstream] () throws(UpstreamError) -> AccountHub in

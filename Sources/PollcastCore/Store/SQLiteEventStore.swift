@@ -216,7 +216,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
       do throws(StoreError) {
         if let hex = try metaValue("account_key_secret") {
           // Replacing it would rename every such account, silently: a damaged one is refused.
-          guard let kept = SQLiteEventStore.bytes(hex: hex), kept.count == 32 else {
+          guard let kept = [UInt8](hex: hex), kept.count == 32 else {
             throw StoreError(.corrupt, path: path, "meta.account_key_secret is not 32 bytes of hex")
           }
           return .success(kept)
@@ -229,19 +229,6 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
       }
     }
     return try result.get()
-  }
-
-  private static func bytes(hex: String) -> [UInt8]? {
-    let digits = Array(hex.utf8)
-    guard digits.count % 2 == 0 else { return nil }
-    var out: [UInt8] = []
-    for index in stride(from: 0, to: digits.count, by: 2) {
-      guard let byte = UInt8(String(decoding: digits[index...index + 1], as: UTF8.self), radix: 16) else {
-        return nil
-      }
-      out.append(byte)
-    }
-    return out
   }
 
   public func load(feed: String) throws(StoreError) -> StoredFeed? {

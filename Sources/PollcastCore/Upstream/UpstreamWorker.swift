@@ -33,6 +33,8 @@ public actor UpstreamWorker {
   private var consecutiveUnauthorized = 0
   private var idleTimer: LoopTimer?
   private var running = false
+  /// Whether it polls (started and not stopped).
+  public var isRunning: Bool { running }
   private var lastSync = 0.0
   var logLimiter = LogLimiter()
   private var keyRefused: (@Sendable (UpstreamError) -> Void)?

@@ -83,10 +83,12 @@ final class Reader {
   var messages: [(sseID: UInt64, upstreamID: UInt64)] = []
   var resets = 0
   var client: TestSSEClient?
+  /// Sent with every connection (per-user relaying: the account's key).
+  var headers: [(String, String)] = []
   private var seen = 0
 
   func connect(port: Int) throws {
-    client = try TestSSEClient(port: port, headers: lastID.map { [("Last-Event-ID", $0)] } ?? [])
+    client = try TestSSEClient(port: port, headers: headers + (lastID.map { [("Last-Event-ID", $0)] } ?? []))
     seen = 0
   }
 

@@ -19,7 +19,8 @@ public actor FeedReplica {
   public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
   let store: RedisEventStore
   let feed: Feed
-  let worker: UpstreamWorker?
+  /// Polls while this node leads (an account's is replaced each time its loop starts here, with a current key).
+  private(set) var worker: UpstreamWorker?
   let leaseSeconds: Double
   let logger: Logger
 
@@ -32,6 +33,9 @@ public actor FeedReplica {
   private var deadlineTimer: LoopTimer?
   private var takingOver = false
   private var reading = false
+  /// Counts the starts: an answer to a request of an earlier run (before a stop) is ignored, so a replica that
+  /// stops and starts again (an account's grace ended, then a subscriber came back) never acts on it twice.
+  private var run = 0
   /// The highest stream entry this node read (foreign ones included): reading goes on after it, and a new leader's
   /// ids go above it, so an entry no relay wrote is skipped once instead of stalling readers and commits.
   private var readCursor: UInt64 = 0
@@ -78,11 +82,43 @@ public actor FeedReplica {
   public var feedName: String { feed.storeKey }
 
   public func start() {
-    guard leaseTimer == nil, role != .stopped else { return }
-    store.observe { [weak self] in self?.assumeIsolated { $0.connectionChanged() } }
-    store.observeFencing { [weak self] feed in
+    guard role != .stopped else { return }
+    begin()
+  }
+
+  /// Stops polling and following: steps down (releasing the lease, so another node serving the feed takes it at
+  /// once) and forgets every request in flight. `resume(worker:)` starts again.
+  public func stop() {
+    if role == .leader {
+      worker?.assumeIsolated { $0.stop() }
+      store.release(feed: feedName)
+      token = nil
+    }
+    role = .stopped
+    run += 1
+    reading = false
+    readerChecked = false
+    takingOver = false
+    takeover = nil
+    leaseTimer = nil
+    deadlineTimer = nil
+    store.unobserve(feed: feedName)
+  }
+
+  /// Starts again after `stop()`, polling with `worker` whenever this node takes the lease (an account whose
+  /// loop starts here again, with the key of the subscriber who came).
+  public func resume(worker: UpstreamWorker?) {
+    self.worker = worker
+    if role == .stopped { role = .follower }
+    begin()
+  }
+
+  private func begin() {
+    guard leaseTimer == nil else { return }
+    store.observe(feed: feedName) { [weak self] in self?.assumeIsolated { $0.connectionChanged() } }
+    store.observeFencing(feed: feedName) { [weak self] in
       self?.assumeIsolated { replica in
-        guard feed == replica.feedName, replica.role == .leader else { return }
+        guard replica.role == .leader else { return }
         replica.stepDown("a commit was refused: this node no longer holds the lease")
         replica.tick()
       }
@@ -95,21 +131,17 @@ public actor FeedReplica {
     follow()
   }
 
-  /// Stops polling and following (shutdown). The lease is released by the store's `close()`.
-  public func stop() {
-    if role == .leader { worker?.assumeIsolated { $0.stop() } }
-    role = .stopped
-    leaseTimer = nil
-    deadlineTimer = nil
-  }
-
   // MARK: The lease
 
   private func tick() {
     guard role != .stopped, !takingOver else { return }
     let sent = MonotonicClock.seconds()
+    let run = run
     store.lease(feed: feedName, token: token, milliseconds: Int(leaseSeconds * 1000)) { [weak self] answer in
-      self?.assumeIsolated { $0.answered(answer, sent: sent) }
+      self?.assumeIsolated { replica in
+        guard replica.run == run else { return }
+        replica.answered(answer, sent: sent)
+      }
     }
   }
 
@@ -182,8 +214,10 @@ public actor FeedReplica {
 
   /// Reads the stream from this node's head to its end (in chunks), then the stored head and position.
   private func catchUp() {
+    let run = run
     store.read(feed: feedName, after: cursor) { [weak self] result in
       self?.assumeIsolated { replica in
+        guard replica.run == run else { return }
         switch result {
         case .failure(let error): replica.caughtUp(.failure(error))
         case .success(let chunk):
@@ -192,7 +226,10 @@ public actor FeedReplica {
             replica.catchUp()
           } else {
             replica.store.meta(feed: replica.feedName) { [weak replica] result in
-              replica?.assumeIsolated { $0.caughtUp(result) }
+              replica?.assumeIsolated { replica in
+                guard replica.run == run else { return }
+                replica.caughtUp(result)
+              }
             }
           }
         }
@@ -212,8 +249,10 @@ public actor FeedReplica {
       checkGeneration(stored.generation)
       // Renew once more: the catch-up may have taken a while, and polling starts only under a fresh lease.
       let renewal = MonotonicClock.seconds()
+      let run = run
       store.lease(feed: feedName, token: newToken, milliseconds: Int(leaseSeconds * 1000)) { [weak self] answer in
         self?.assumeIsolated { replica in
+          guard replica.run == run else { return }
           replica.takingOver = false
           replica.takeover = nil
           guard replica.role != .stopped else { return }
@@ -320,10 +359,12 @@ public actor FeedReplica {
     guard role == .follower, foreignSource == nil, !reading, store.readerConnected, store.connection.connected
     else { return }
     reading = true
+    let run = run
     guard readerChecked else {
-      // After a (re)connection: were events trimmed before this node read them?
+      // After a (re)connection or a start: were events trimmed before this node read them?
       store.meta(feed: feedName) { [weak self] result in
         self?.assumeIsolated { replica in
+          guard replica.run == run else { return }
           replica.reading = false
           guard case .success(let stored) = result else { return }
           replica.checkGeneration(stored.generation)
@@ -333,7 +374,10 @@ public actor FeedReplica {
             let ended = replica.feed.assumeIsolated { $0.skip(to: stored.floorID) }
             replica.logger.warning(
               "the shared stream was trimmed past this node's head: streams ended, clients get a reset",
-              metadata: ["head": String(head), "floor": String(stored.floorID), "streams_ended": String(ended)])
+              metadata: [
+                "feed": replica.feedName, "head": String(head), "floor": String(stored.floorID),
+                "streams_ended": String(ended),
+              ])
           }
           replica.readerChecked = true
           replica.follow()
@@ -343,6 +387,7 @@ public actor FeedReplica {
     }
     store.follow(feed: feedName, after: cursor) { [weak self] result in
       self?.assumeIsolated { replica in
+        guard replica.run == run else { return }
         replica.reading = false
         switch result {
         case .success(let chunk):

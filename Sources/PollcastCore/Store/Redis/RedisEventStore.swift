@@ -54,7 +54,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   private var reconnectTimers: [String: LoopTimer] = [:]
   private var watchdog: LoopTimer?
   private var closed = false
-  private var observers: [() -> Void] = []
+  private var observers: [String: () -> Void] = [:]
   private let stats = Locked(StoreStatistics(kind: "redis"))
   private let health = Locked<(connected: Bool, error: String?)>((false, nil))
 
@@ -129,6 +129,8 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
       health.withLock { $0 = (true, nil) }
       logger.info("redis connected", metadata: ["redis": address.description, "node": nodeID])
       resolveInDoubt()
+    } else if connection === reader {
+      followReads.readerConnected(connection)
     }
     notify()
   }
@@ -174,14 +176,21 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     }
   }
 
-  /// Calls `observer` on the loop whenever a connection comes up or goes down.
-  func observe(_ observer: @escaping () -> Void) { observers.append(observer) }
+  /// Calls `observer` on the loop whenever a connection comes up or goes down, until `unobserve(feed:)`.
+  func observe(feed: String, _ observer: @escaping () -> Void) { observers[feed] = observer }
 
-  private func notify() { for observer in observers { observer() } }
+  /// Calls `observer` on the loop when a commit of `feed` was refused because this node may not write it.
+  func observeFencing(feed: String, _ observer: @escaping () -> Void) { fencedObservers[feed] = observer }
 
-  /// Calls `observer` on the loop with the feed whose commit was refused because this node may not write it.
-  func observeFencing(_ observer: @escaping (String) -> Void) { fencedObservers.append(observer) }
-  private var fencedObservers: [(String) -> Void] = []
+  /// Forgets the observers of `feed` (its owner stopped: an account's grace ended).
+  func unobserve(feed: String) {
+    observers[feed] = nil
+    fencedObservers[feed] = nil
+  }
+
+  private var fencedObservers: [String: () -> Void] = [:]
+
+  private func notify() { for observer in Array(observers.values) { observer() } }
 
   /// Whether the command connection is up, and the last error while it is not.
   public var connection: (connected: Bool, error: String?) { health.withLock { $0 } }
@@ -312,7 +321,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
         if kind == .fenced {
           // This node must not write: its replica steps down and takes the lease again only after a catch-up.
           tokens[batch.feed] = nil
-          for observer in fencedObservers { observer(batch.feed) }
+          fencedObservers[batch.feed]?()
         }
         completion(.failure(StoreError(kind, path: address.description, message)))
       case .some:
@@ -361,12 +370,35 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     }
   }
 
-  public func drop(feed: String) {
-    guard let loop else { return }
-    loop.execute { [self] in
-      command?.send(RedisEventStore.arguments(["DEL", key(feed, "events")])) { _ in }
-      command?.send(RedisEventStore.arguments(["HDEL", key(feed, "meta"), "position"])) { _ in }
+  /// Nothing: a node forgetting a feed (an idle account evicted under its own bounds) must not delete what the
+  /// other nodes serve and resume from. An account's stream stays trimmed to the ring its leader keeps.
+  public func drop(feed: String) {}
+
+  /// Gives up `feed`'s lease if this node holds it (an account's grace ended here): another node serving the
+  /// account takes it at its next renewal, not after the expiry. Commits of `feed` stop at once.
+  func release(feed: String) {
+    guard let token = tokens.removeValue(forKey: feed), let command, command.isConnected else { return }
+    command.send(
+      RedisEventStore.arguments(["EVAL", RedisEventStore.releaseScript, "1", key(feed, "lease"), token])
+    ) { _ in }
+  }
+
+  /// The secret that names accounts without a user id (`AccountKeys`), kept in Redis beside the feeds
+  /// (`<prefix>account_key_secret`, set only when absent): every node names such an account alike, so it has one
+  /// stream, one lease and one set of ids cluster-wide. A value that is not 32 bytes of hex is refused as damage,
+  /// never replaced (that would rename every such account).
+  public func accountKeySecret() throws(StoreError) -> [UInt8]? {
+    let client = try RedisSyncClient(address: address, timeout: commandTimeout)
+    defer { client.close() }
+    let name = "\(prefix)account_key_secret"
+    let made = AccountKeys.freshSecret().lowercaseHex
+    _ = try client.run(["SET", name, made, "NX"])
+    let reply = try client.run(["GET", name])
+    guard let text = reply.text else { throw unexpected(reply) }
+    guard let secret = [UInt8](hex: text), secret.count == 32 else {
+      throw StoreError(.corrupt, path: address.description, "\(name) is not 32 bytes of hex")
     }
+    return secret
   }
 
   public func statistics() -> StoreStatistics {
@@ -499,34 +531,18 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     }
   }
 
-  /// Waits (a blocking `XREAD` on the reader connection, at most `blockSeconds`) for `feed`'s events after `id`.
-  /// Empty when none came in that time.
+  /// Waits (a blocking `XREAD` on the reader connection, at most `blockSeconds`, shared by every feed followed:
+  /// `RedisFollowReads`) for `feed`'s events after `id`. Empty when none came in that time.
   func follow(feed: String, after id: UInt64, completion: @escaping (Result<EntryChunk, StoreError>) -> Void) {
-    guard let reader, reader.isConnected else {
-      completion(.failure(address.unavailable("redis unreachable")))
-      return
-    }
-    reader.send(
-      RedisEventStore.arguments([
-        "XREAD", "COUNT", String(RedisEventStore.chunk), "BLOCK", String(Int(RedisEventStore.blockSeconds * 1000)),
-        "STREAMS", key(feed, "events"), "\(id)-0",
-      ])
-    ) { [self] reply in
-      switch reply {
-      case nil:
-        completion(.failure(address.unavailable("redis connection lost")))
-      case .null?:
-        completion(.success(EntryChunk()))
-      case let reply?:
-        // [[key, [entries…]]]
-        guard let streams = reply.elements, let first = streams.first?.elements, first.count == 2 else {
-          completion(.failure(unexpected(reply)))
-          return
-        }
-        completion(Result { () throws(StoreError) in try parseEntries(first[1], skipping: true) })
-      }
-    }
+    followReads.follow(feed: feed, after: id, completion: completion)
   }
+
+  /// Reads of the followers, many feeds in one blocking `XREAD` (loop-confined).
+  private lazy var followReads = RedisFollowReads(store: self)
+  var readerConnection: RedisConnection? { reader }
+  var commandConnection: RedisConnection? { command }
+  /// Blocking reads sent, and reads unblocked for a feed that began following (`/metrics`, benchmarks).
+  var followReadCounts: (reads: Int, unblocks: Int) { (followReads.reads, followReads.unblocks) }
 
   static let chunk = 500
   static let blockSeconds = 1.0
@@ -648,188 +664,9 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     if case .error(let message) = reply { return address.unavailable(message) }
     return StoreError(.corrupt, path: address.description, "unexpected reply \(String(describing: reply).prefix(200))")
   }
-
-  // MARK: Scripts
-
-  /// KEYS: lease, epoch, meta. ARGV: node/instance, milliseconds, the token this node holds ("" for none), this
-  /// node's source ("": unchecked), a new random generation.
-  /// Returns {1, token} renewed, {2, token} newly taken, {0, holder} held by another node, {3, source} the feed
-  /// belongs to another source, {4, holder} held by another node but without an expiry (one is set now: a lease
-  /// written by hand or by a broken tool would otherwise stop all polling for good while every node looks ready).
-  /// Taking a lease records the source and, when the feed has none, a generation.
-  static let leaseScript = """
-    local source = redis.call('HGET', KEYS[3], 'source')
-    if ARGV[4] ~= '' and source and source ~= ARGV[4] then return {3, source} end
-    local holder = redis.call('GET', KEYS[1])
-    if holder and holder == ARGV[3] then
-      redis.call('PEXPIRE', KEYS[1], ARGV[2])
-      return {1, holder}
-    end
-    if holder then
-      if redis.call('PTTL', KEYS[1]) == -1 then
-        redis.call('PEXPIRE', KEYS[1], ARGV[2])
-        return {4, holder}
-      end
-      return {0, holder}
-    end
-    if ARGV[4] ~= '' and not source then redis.call('HSET', KEYS[3], 'source', ARGV[4]) end
-    if not redis.call('HGET', KEYS[3], 'generation') then redis.call('HSET', KEYS[3], 'generation', ARGV[5]) end
-    local token = ARGV[1] .. '/' .. redis.call('INCR', KEYS[2])
-    redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-    return {2, token}
-    """
-
-  /// KEYS: lease. ARGV: token. Deletes the lease only if this token holds it.
-  static let releaseScript = """
-    if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-    return 0
-    """
-
-  /// KEYS: lease, events, meta. ARGV: token, head, floor, position ("": unchanged), n forgotten streams, this
-  /// node's source ("": unchecked), unissued ranges ("": unchanged, "-": none), the forgotten streams, then six per
-  /// event: id, stream, upstream id, Unix time, type, bytes.
-  /// Every check comes before the first write: the script lands whole or not at all.
-  static let commitScript = """
-    local function above(a, b)
-      if #a ~= #b then return #a > #b end
-      return a > b
-    end
-    if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-      return redis.error_reply('FENCED this node no longer holds the lease')
-    end
-    local source = redis.call('HGET', KEYS[3], 'source')
-    if ARGV[6] ~= '' and source and source ~= ARGV[6] then
-      return redis.error_reply('FENCED the feed was filled from another source: ' .. source)
-    end
-    local head = redis.call('HGET', KEYS[3], 'head') or '0'
-    local forget = tonumber(ARGV[5])
-    local first = 8 + forget
-    if #ARGV >= first and not above(ARGV[first], head) then
-      return redis.error_reply('STALE id ' .. ARGV[first] .. ' is not above the stored head ' .. head)
-    end
-    if #ARGV >= first then
-      -- An entry above the head that no relay committed (by hand, another tool) would make XADD fail for good:
-      -- fenced, so this node steps down and the next leader reads past it and issues ids above it.
-      local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
-      local topID = top and (string.match(top[1], '^(%d+)-') or '0')
-      if top and not above(ARGV[first], topID) then
-        return redis.error_reply('FENCED an entry no relay committed lies above the stored head: ' .. top[1])
-      end
-    end
-    if ARGV[7] == '-' then redis.call('HDEL', KEYS[3], 'unissued')
-    elseif ARGV[7] ~= '' then redis.call('HSET', KEYS[3], 'unissued', ARGV[7]) end
-    for i = 8, 7 + forget do
-      local entries = redis.call('XRANGE', KEYS[2], '-', '+')
-      for _, entry in ipairs(entries) do
-        local fields = entry[2]
-        for j = 1, #fields, 2 do
-          if fields[j] == 's' and fields[j + 1] == ARGV[i] then redis.call('XDEL', KEYS[2], entry[1]) end
-        end
-      end
-    end
-    local added = 0
-    for i = first, #ARGV, 6 do
-      local fields = {'d', ARGV[i + 5], 't', ARGV[i + 3]}
-      if ARGV[i + 1] ~= '' then fields[#fields + 1] = 's'; fields[#fields + 1] = ARGV[i + 1] end
-      if ARGV[i + 2] ~= '' then fields[#fields + 1] = 'u'; fields[#fields + 1] = ARGV[i + 2] end
-      if ARGV[i + 4] ~= '' then fields[#fields + 1] = 'k'; fields[#fields + 1] = ARGV[i + 4] end
-      redis.call('XADD', KEYS[2], ARGV[i] .. '-0', unpack(fields))
-      added = added + 1
-    end
-    if above(ARGV[2], head) then redis.call('HSET', KEYS[3], 'head', ARGV[2]) end
-    local floor = redis.call('HGET', KEYS[3], 'floor') or '0'
-    if above(ARGV[3], floor) then
-      redis.call('HSET', KEYS[3], 'floor', ARGV[3])
-      redis.call('XTRIM', KEYS[2], 'MINID', ARGV[3] .. '-1')
-    end
-    if ARGV[4] ~= '' then redis.call('HSET', KEYS[3], 'position', ARGV[4]) end
-    return added
-    """
-}
-
-/// hiredis's blocking API, for the load at start (before the loop serves anyone).
-final class RedisSyncClient {
-  private let context: UnsafeMutablePointer<redisContext>
-  let address: RedisAddress
-
-  init(address: RedisAddress, timeout: Double) throws(StoreError) {
-    self.address = address
-    let limit = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - timeout.rounded(.down)) * 1_000_000))
-    // The name is looked up with a bound too (hiredis's own lookup has none): a lookup that never answers fails
-    // the start with exit 74 after `timeout` instead of hanging it.
-    var host = address.host
-    if address.socketPath == nil {
-      switch RedisSyncClient.resolve(address.host, port: address.port, timeout: timeout) {
-      case .success(let numeric): host = numeric
-      case .failure(let problem): throw address.unavailable(problem.description)
-      }
-    }
-    let made =
-      address.socketPath.map { redisConnectUnixWithTimeout($0, limit) }
-      ?? redisConnectWithTimeout(host, Int32(address.port), limit)
-    guard let made else { throw address.unavailable("cannot allocate a context") }
-    if made.pointee.err != 0 {
-      let message = withUnsafeBytes(of: made.pointee.errstr) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-      redisFree(made)
-      throw address.unavailable("cannot connect: \(message)")
-    }
-    redisSetTimeout(made, limit)
-    context = made
-    for command in address.handshake {
-      let reply = try run(command)
-      if case .error(let message) = reply {
-        redisFree(made)
-        throw address.unavailable("\(command[0]) refused: \(message)")
-      }
-    }
-  }
-
-  /// `host` as a numeric address, looked up on another thread and waited for at most `timeout` seconds.
-  static func resolve(_ host: String, port: Int, timeout: Double) -> Result<String, ConfigurationProblem> {
-    if AddressBlock.parse(host) != nil { return .success(host) }
-    let answer = Locked<Result<String, ConfigurationProblem>?>(nil)
-    let done = DispatchSemaphore(value: 0)
-    Thread.detachNewThread {
-      let resolved = RedisConnection.resolve(host, port: port)
-      answer.withLock { $0 = resolved }
-      done.signal()
-    }
-    guard done.wait(timeout: .now() + timeout) == .success, let resolved = answer.withLock({ $0 }) else {
-      return .failure(ConfigurationProblem("cannot resolve \(host) within \(timeout) s"))
-    }
-    return resolved
-  }
-
-  func run(_ command: [String]) throws(StoreError) -> RedisReply {
-    let joined = Array(command.joined().utf8)
-    let lengths = command.map { $0.utf8.count }
-    let raw = joined.withUnsafeBufferPointer { buffer -> UnsafeMutableRawPointer? in
-      let base = UnsafeRawPointer(buffer.baseAddress ?? UnsafePointer(bitPattern: 1)!)
-      var offset = 0
-      var pointers: [UnsafePointer<CChar>?] = lengths.map { length in
-        defer { offset += length }
-        return (base + offset).assumingMemoryBound(to: CChar.self)
-      }
-      return pointers.withUnsafeMutableBufferPointer { argv in
-        lengths.withUnsafeBufferPointer {
-          redisCommandArgv(context, Int32(command.count), argv.baseAddress, $0.baseAddress)
-        }
-      }
-    }
-    guard let raw else {
-      let message = withUnsafeBytes(of: context.pointee.errstr) {
-        String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self)
-      }
-      throw address.unavailable("\(command[0]): \(message)")
-    }
-    defer { freeReplyObject(raw) }
-    return RedisReply(raw.assumingMemoryBound(to: redisReply.self))
-  }
-
-  func close() { redisFree(context) }
 }
 
 extension RedisAddress {
   /// Redis cannot be reached or did not answer: the error names the URL (without its password).
-  fileprivate func unavailable(_ why: String) -> StoreError { StoreError(.unavailable, path: description, why) }
+  func unavailable(_ why: String) -> StoreError { StoreError(.unavailable, path: description, why) }
 }

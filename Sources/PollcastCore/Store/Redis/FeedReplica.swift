@@ -103,6 +103,7 @@ public actor FeedReplica {
     leaseTimer = nil
     deadlineTimer = nil
     store.unobserve(feed: feedName)
+    store.unfollow(feed: feedName)
   }
 
   /// Starts again after `stop()`, polling with `worker` whenever this node takes the lease (an account whose
@@ -270,6 +271,9 @@ public actor FeedReplica {
   }
 
   private func lead(_ newToken: String, stored: StoredFeed, renewed: Double, started: Double) {
+    // A leader reads nothing back: what it commits it has shown already.
+    store.unfollow(feed: feedName)
+    reading = false
     token = newToken
     leader = store.nodeID
     role = .leader

@@ -531,11 +531,14 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     }
   }
 
-  /// Waits (a blocking `XREAD` on the reader connection, at most `blockSeconds`, shared by every feed followed:
-  /// `RedisFollowReads`) for `feed`'s events after `id`. Empty when none came in that time.
+  /// Waits (a blocking `XREAD` on the reader connection, shared by every feed followed: `RedisFollowReads`) for
+  /// `feed`'s events after `id`, until some come or reading fails.
   func follow(feed: String, after id: UInt64, completion: @escaping (Result<EntryChunk, StoreError>) -> Void) {
     followReads.follow(feed: feed, after: id, completion: completion)
   }
+
+  /// `feed` is no longer followed here (this node leads it now, or stopped serving it).
+  func unfollow(feed: String) { followReads.unfollow(feed: feed) }
 
   /// Reads of the followers, many feeds in one blocking `XREAD` (loop-confined).
   private lazy var followReads = RedisFollowReads(store: self)

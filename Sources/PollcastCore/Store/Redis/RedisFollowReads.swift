@@ -4,21 +4,27 @@ import Foundation
 /// each account it serves without the account's lease) waits in **one** `XREAD BLOCK … STREAMS k1 k2 …`.
 ///
 /// One connection runs one blocking command at a time, so a read per feed would queue: with 600 accounts
-/// followed, the last would wait behind 599 blocks. Here a read names every feed waiting; when it returns, each
-/// feed gets its entries (or none) and asks again, and the next read goes out once they all have. A feed that
-/// starts following while a read blocks unblocks it (`CLIENT UNBLOCK`, once per read) so it waits at most a loop
-/// turn, not `blockSeconds`.
+/// followed, the last would wait behind 599 blocks. Here a feed registers once (`follow`) and stays in every read
+/// until entries come for it (it is told, and registers again from the next id) or it leaves (`unfollow`: its
+/// node took the lease, or stopped serving it). A reply wakes only the feeds it has entries for: waking every
+/// feed on every reply cost a completion per followed feed per message. A feed that registers while a read
+/// blocks unblocks it (`CLIENT UNBLOCK`, once per read) so it joins within a loop turn, not `blockSeconds`.
 ///
 /// Loop-confined (the store's loop), like the store's connections.
 final class RedisFollowReads: @unchecked Sendable {  // loop-confined
   typealias Completion = (Result<RedisEventStore.EntryChunk, StoreError>) -> Void
 
+  private struct Registration {
+    var after: UInt64
+    /// The stream's key, encoded once.
+    var key: [UInt8]
+    var completion: Completion
+  }
+
   private unowned let store: RedisEventStore
-  /// Feeds waiting for the next read: the id to read after, and who is told.
-  private var waiting: [String: (after: UInt64, completion: Completion)] = [:]
-  /// The feeds of the read in flight.
-  private var inRead: [String: (after: UInt64, completion: Completion)] = [:]
-  private var reading = false
+  private var registered: [String: Registration] = [:]
+  /// The feeds named by the read in flight (nil: none in flight), by stream key, with the id each was read after.
+  private var inRead: [[UInt8]: (feed: String, after: UInt64)]?
   private var scheduled = false
   private var dispatching = false
   private var unblockSent = false
@@ -29,19 +35,18 @@ final class RedisFollowReads: @unchecked Sendable {  // loop-confined
 
   init(store: RedisEventStore) { self.store = store }
 
-  /// Waits for `feed`'s events after `id`, at most `blockSeconds`: an empty chunk when none came meanwhile.
+  /// Tells `completion` of `feed`'s events after `id`, once some are in the stream (or the read failed).
   func follow(feed: String, after id: UInt64, completion: @escaping Completion) {
     guard let reader = store.readerConnection, reader.isConnected else {
       completion(.failure(store.address.unavailable("redis unreachable")))
       return
     }
-    if let replaced = waiting.updateValue((id, completion), forKey: feed) {
-      replaced.completion(.success(RedisEventStore.EntryChunk()))
-    }
-    if reading {
-      if inRead[feed] == nil { unblock() }
+    let key = registered[feed]?.key ?? Array(store.key(feed, "events").utf8)
+    registered[feed] = Registration(after: id, key: key, completion: completion)
+    if let inRead {
+      if inRead[key]?.after != id { unblock() }
     } else if !dispatching && !scheduled {
-      // Every feed that asks in this loop turn goes into the same read.
+      // Every feed that registers in this loop turn goes into the same read.
       scheduled = true
       store.loop?.execute { [weak self] in
         self?.scheduled = false
@@ -49,6 +54,9 @@ final class RedisFollowReads: @unchecked Sendable {  // loop-confined
       }
     }
   }
+
+  /// `feed` is no longer followed: it leaves the next read (an answer of the read in flight is dropped).
+  func unfollow(feed: String) { registered[feed] = nil }
 
   /// The reader connection came up: learn its id (asked before any read on it, so answered first).
   func readerConnected(_ reader: RedisConnection) {
@@ -66,63 +74,66 @@ final class RedisFollowReads: @unchecked Sendable {  // loop-confined
   }
 
   private func issue() {
-    guard !reading, !waiting.isEmpty else { return }
-    guard let reader = store.readerConnection, reader.isConnected else {
-      let failed = waiting
-      waiting = [:]
-      for (_, entry) in failed { entry.completion(.failure(store.address.unavailable("redis unreachable"))) }
-      return
+    guard inRead == nil, !registered.isEmpty else { return }
+    guard let reader = store.readerConnection, reader.isConnected else { return fail("redis unreachable") }
+    var named: [[UInt8]: (feed: String, after: UInt64)] = [:]
+    named.reserveCapacity(registered.count)
+    var keys: [[UInt8]] = []
+    var ids: [[UInt8]] = []
+    keys.reserveCapacity(registered.count)
+    ids.reserveCapacity(registered.count)
+    for (feed, registration) in registered {
+      named[registration.key] = (feed, registration.after)
+      keys.append(registration.key)
+      ids.append(Array("\(registration.after)-0".utf8))
     }
-    inRead = waiting
-    waiting = [:]
-    reading = true
+    inRead = named
     unblockSent = false
     reads += 1
-    let feeds = Array(inRead.keys)
-    var arguments = [
+    let head = RedisEventStore.arguments([
       "XREAD", "COUNT", String(RedisEventStore.chunk), "BLOCK", String(Int(RedisEventStore.blockSeconds * 1000)),
       "STREAMS",
-    ]
-    arguments += feeds.map { store.key($0, "events") }
-    arguments += feeds.map { "\(inRead[$0]!.after)-0" }
-    reader.send(RedisEventStore.arguments(arguments)) { [weak self] reply in
-      self?.answered(reply, feeds: feeds)
-    }
+    ])
+    reader.send(head + keys + ids) { [weak self] reply in self?.answered(reply) }
   }
 
-  private func answered(_ reply: RedisReply?, feeds: [String]) {
-    let asked = inRead
-    inRead = [:]
-    reading = false
-    var results: [String: Result<RedisEventStore.EntryChunk, StoreError>] = [:]
+  /// Tells every registered feed that reading failed; each registers again once the connection is back.
+  private func fail(_ why: String) {
+    let failed = registered
+    registered = [:]
+    let error = store.address.unavailable(why)
+    for (_, registration) in failed { registration.completion(.failure(error)) }
+  }
+
+  private func answered(_ reply: RedisReply?) {
+    guard let named = inRead else { return }
+    inRead = nil
+    var woken: [(Registration, Result<RedisEventStore.EntryChunk, StoreError>)] = []
     switch reply {
     case nil:
-      let lost = store.address.unavailable("redis connection lost")
-      for feed in feeds { results[feed] = .failure(lost) }
+      fail("redis connection lost")
     case .null?:
-      break  // the block ran out (or was unblocked): nothing new for anyone
+      break  // the block ran out (or was unblocked): everyone stays registered
     case .error(let message)?:
-      let error = store.address.unavailable("XREAD refused: \(message)")
-      for feed in feeds { results[feed] = .failure(error) }
+      fail("XREAD refused: \(message)")
     case let reply?:
       // [[key, [entries…]], …]: only the streams that have entries.
-      let names = Dictionary(uniqueKeysWithValues: feeds.map { (store.key($0, "events"), $0) })
-      for stream in reply.elements ?? [] {
-        guard let parts = stream.elements, parts.count == 2, let name = parts[0].text, let feed = names[name]
+      guard let streams = reply.elements else {
+        fail("unexpected XREAD reply \(String(describing: reply).prefix(200))")
+        break
+      }
+      for stream in streams {
+        guard let parts = stream.elements, parts.count == 2, case .string(let key) = parts[0],
+          let (feed, after) = named[key], let registration = registered[feed], registration.after == after
         else { continue }
-        results[feed] = Result { () throws(StoreError) in try store.parseEntries(parts[1], skipping: true) }
-      }
-      if reply.elements == nil {
-        let error = StoreError(
-          .corrupt, path: store.address.description, "unexpected XREAD reply \(String(describing: reply).prefix(200))")
-        for feed in feeds { results[feed] = .failure(error) }
+        registered[feed] = nil
+        woken.append(
+          (registration, Result { () throws(StoreError) in try store.parseEntries(parts[1], skipping: true) }))
       }
     }
-    // Each feed asks again from its completion: those asks join the next read, sent once all were told.
+    // Each woken feed registers again from its completion: those join the next read, sent once all were told.
     dispatching = true
-    for feed in feeds {
-      asked[feed]?.completion(results[feed] ?? .success(RedisEventStore.EntryChunk()))
-    }
+    for (registration, result) in woken { registration.completion(result) }
     dispatching = false
     issue()
   }

@@ -157,18 +157,12 @@ public actor AccountHub {
   private let upstream: Upstream
   public nonisolated let settings: Settings
   private let logger: Logger
-  /// Upstream transports (libcurl multi handles), each shared by up to about `accountsPerTransport` accounts:
-  /// one multi handle for thousands of long-polls to the same host spends its time scanning its connection
-  /// pool on every request (perf: a quarter of the relay's CPU at 2,000 accounts).
-  private var transports: [CurlTransport?]
-  private var nextTransport = 0
-  static let accountsPerTransport = 32
+  /// The libcurl multi handles the accounts' loops share (Upstream/TransportPool).
+  private let transports: TransportPool
   private var accounts: [String: Account] = [:]
   private var activeCount = 0
-  /// Accepted keys of active accounts: digest → account key.
-  private var acceptedIndex: [CredentialDigest: String] = [:]
-  /// Refused keys (by digest only) → until when.
-  private var refused: [CredentialDigest: Double] = [:]
+  /// Refused keys, and the account of each accepted key of an active account (by digest only).
+  private var verdicts: KeyVerdicts
   /// Checks in flight, by credential: later askers wait for the same answer.
   /// Key checks under way: the task asking the upstream, and the subscribers waiting for its answer (by number).
   /// When the last waiter leaves (its client went away), the check is cancelled and its slot freed: a vanished
@@ -204,33 +198,9 @@ public actor AccountHub {
     self.upstream = upstream
     self.settings = settings
     self.logger = logger
-    let count = max(1, min(512, settings.maxActiveAccounts / AccountHub.accountsPerTransport))
-    transports = Array(repeating: nil, count: count)
-    // The first one now, so a libcurl that cannot start fails the relay's start, not a subscriber's check.
-    transports[0] = try Self.makeTransport(loop: loop, maxBodyBytes: upstream.maxBodyBytes)
-  }
-
-  private static func makeTransport(loop: EventLoop, maxBodyBytes: Int) throws(UpstreamError) -> CurlTransport {
-    let transport = try CurlTransport(loop: loop)
-    transport.maxBodyBytes = maxBodyBytes
-    return transport
-  }
-
-  /// The next transport in turn (made on first use; the first one when another cannot be made).
-  private func transport() -> CurlTransport {
-    let index = nextTransport
-    nextTransport = (nextTransport + 1) % transports.count
-    if let transport = transports[index] { return transport }
-    do {
-      let made = try Self.makeTransport(loop: loop, maxBodyBytes: upstream.maxBodyBytes)
-      transports[index] = made
-      return made
-    } catch {
-      logger.limited(
-        .warning, "cannot make another upstream transport: sharing the first", metadata: ["error": error.description],
-        limiter: &logLimiter)
-      return transports[0]!
-    }
+    transports = try TransportPool(
+      loop: loop, loops: settings.maxActiveAccounts, maxBodyBytes: upstream.maxBodyBytes, logger: logger)
+    verdicts = KeyVerdicts(seconds: settings.credentialCacheSeconds, refusedCapacity: settings.refusedCapacity)
   }
 
   static let boundsPeriod = 2.0
@@ -263,9 +233,11 @@ public actor AccountHub {
     let now = MonotonicClock.seconds()
     for account in accounts.values where account.isActive {
       let open = account.feed.assumeIsolated { $0.openGrants }
+      let polls = account.pollsHere
       for (digest, entry) in account.credentials
-      where (entry.credential != account.activeCredential || !account.pollsHere) && open.contains(digest.hex)
-        && now - entry.checkedAt >= settings.credentialCacheSeconds && !rechecking.contains(digest)
+      where open.contains(digest.hex) && !rechecking.contains(digest)
+        && verdicts.recheckDue(
+          checkedAt: entry.checkedAt, now: now, pollsWithIt: polls && entry.credential == account.activeCredential)
       {
         rechecking.insert(digest)
         let credential = entry.credential
@@ -289,7 +261,7 @@ public actor AccountHub {
   private func secondaryKeyRefused(_ digest: CredentialDigest, of account: Account) {
     stats.revocations += 1
     account.credentials[digest] = nil
-    if acceptedIndex[digest] == account.key { acceptedIndex[digest] = nil }
+    verdicts.forget(digest, of: account.key)
     remember(refusal: digest)
     let data = JSONText.object([
       "reason": JSONText.quoted("credential_revoked"),
@@ -308,19 +280,17 @@ public actor AccountHub {
   public func cached(_ credential: String) -> Outcome? {
     let digest = CredentialDigest(credential, salt: digestSalt)
     let now = MonotonicClock.seconds()
-    if let until = refused[digest] {
-      if until > now {
-        stats.credentialChecks["refused_cached", default: 0] += 1
-        return .refused(reason: "invalid_credential")
-      }
-      refused[digest] = nil
+    if verdicts.isRefused(digest, now: now) {
+      stats.credentialChecks["refused_cached", default: 0] += 1
+      return .refused(reason: "invalid_credential")
     }
     // The key the account's loop polls with is checked by every poll (a refusal stops the loop and forgets it), so
     // it needs no legacy call of its own: a second subscriber of an account used to open a second legacy session.
-    guard let key = acceptedIndex[digest], let account = accounts[key], account.isActive,
+    guard let key = verdicts.account(of: digest), let account = accounts[key], account.isActive,
       let entry = account.credentials[digest], entry.credential == credential,
-      now - entry.checkedAt < settings.credentialCacheSeconds
-        || (credential == account.activeCredential && account.pollsHere)
+      verdicts.trusts(
+        checkedAt: entry.checkedAt, now: now,
+        pollsWithIt: credential == account.activeCredential && account.pollsHere)
     else { return nil }
     stats.credentialChecks["accepted_cached", default: 0] += 1
     account.lastUsed = now
@@ -442,19 +412,14 @@ public actor AccountHub {
 
   private func makeClient(_ credential: String) -> UpstreamClient {
     UpstreamClient(
-      transport: transport(),
+      transport: transports.transport(),
       interceptors: [
         AuthInterceptor(apiKey: credential), LoggingInterceptor(logger: logger, secrets: [credential]),
       ])
   }
 
   private func remember(refusal digest: CredentialDigest) {
-    let now = MonotonicClock.seconds()
-    if refused.count >= settings.refusedCapacity {
-      refused = refused.filter { $0.value > now }
-      if refused.count >= settings.refusedCapacity { refused.removeAll(keepingCapacity: true) }
-    }
-    refused[digest] = now + settings.credentialCacheSeconds
+    verdicts.refuse(digest, now: MonotonicClock.seconds())
   }
 
   // MARK: Accounts
@@ -517,7 +482,7 @@ public actor AccountHub {
       logger.info("account started", metadata: ["account": account.label])
     }
     account.credentials[digest] = (credential, now)
-    acceptedIndex[digest] = key
+    verdicts.accept(digest, account: key)
     account.lastUsed = now
     if account.subscribers == 0 { armGrace(account) }
     return .admitted(account)
@@ -534,7 +499,7 @@ public actor AccountHub {
       account, adapter: upstream.makeAdapter(credential), client: makeClient(credential), credential: credential)
     let digest = CredentialDigest(credential, salt: digestSalt)
     account.credentials[digest] = (credential, MonotonicClock.seconds())
-    acceptedIndex[digest] = account.key
+    verdicts.accept(digest, account: account.key)
     stats.restartsBeforeAttach += 1
     // If the stream is refused after all (per-account cap, descriptor reserve), the loop still stops in time.
     if account.subscribers == 0 { armGrace(account) }
@@ -587,7 +552,7 @@ public actor AccountHub {
     account.owner.stopOnLoop()
     account.worker = nil
     account.activeCredential = nil
-    for digest in account.credentials.keys where acceptedIndex[digest] == account.key { acceptedIndex[digest] = nil }
+    for digest in account.credentials.keys { verdicts.forget(digest, of: account.key) }
     account.credentials = [:]
     activeCount -= 1
     stats.accountStops += 1
@@ -804,7 +769,10 @@ struct CredentialDigest: Hashable, Sendable {
     low = UInt64(bitPattern: Int64(second.finalize()))
   }
 
-  var hex: String { String(high, radix: 16) + String(low, radix: 16) }
+  /// 32 hex digits (each half padded: unpadded halves could spell one string for two digests).
+  var hex: String {
+    (withUnsafeBytes(of: high.bigEndian, Array.init) + withUnsafeBytes(of: low.bigEndian, Array.init)).lowercaseHex
+  }
 }
 
 extension UpstreamAdapter {

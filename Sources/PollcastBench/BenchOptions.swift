@@ -41,7 +41,8 @@ public struct BenchOptions: Sendable {
     Opens N SSE subscribers on the project's libevent loop, injects M messages at R per second (the send time is
     inside each message), and reports connect time, delivery latency, lost/duplicated/out-of-order events,
     deliveries per second and, given the relay's pid(s), its CPU per delivery and RSS per subscriber.
-    Several --target URLs, comma-separated (the nodes of a cluster), share the subscribers round-robin.
+    Several --target URLs, comma-separated (the nodes of a cluster), share the subscribers round-robin (with
+    --accounts, an account's subscribers on different nodes); a subscriber refused by its node tries the next.
       --mode storm        every subscriber drops halfway and resumes with Last-Event-ID
       --mode idle         relay CPU over --idle-seconds (default 60) with N idle subscribers
       --sources K         spread connections over 127.0.0.1…127.0.0.K (default 4)

@@ -46,6 +46,8 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   private var stormReconnected = 0
   private var retries: [Int: Int] = [:]
   private var retryTimers: [Int: LoopTimer] = [:]
+  /// Nodes a subscriber moved on by after its node refused it (a cluster node killed): it tries the next one.
+  private var targetShift: [Int: Int] = [:]
   private var retryCount = 0
   /// `--accounts`: the account each message went to (by sequence), and messages sent per account.
   private var messageAccount: [Int] = []
@@ -289,7 +291,9 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
 
   private func connect(_ subscriber: BenchSubscriber, lastEventID: [UInt8]?) {
     let source = "127.0.0.\(1 + subscriber.index % options.sources)"
-    let target = targets[subscriber.index % targets.count]
+    // With accounts, subscriber i and i + A (one account's) sit on different nodes.
+    let spread = options.accounts > 0 ? subscriber.index / options.accounts : 0
+    let target = targets[(subscriber.index + spread + targetShift[subscriber.index, default: 0]) % targets.count]
     if !subscriber.connect(
       loop: loop, source: source, target: target.address, host: target.host, path: target.path,
       lastEventID: lastEventID,
@@ -332,6 +336,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       return
     }
     retryCount += 1
+    if targets.count > 1 { targetShift[subscriber.index, default: 0] += 1 }
     let lastEventID = subscriber.lastEventID
     let timer = LoopTimer(loop: loop) { [weak self] in
       guard let self else { return }

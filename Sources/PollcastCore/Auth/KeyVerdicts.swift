@@ -59,3 +59,34 @@ struct KeyVerdicts {
     !pollsWithIt && now - checkedAt >= seconds
   }
 }
+
+/// A credential's keyed digest: what the hub files keys under, so that a refused key is remembered without being
+/// kept. 128 bits from two independently salted SipHash runs (Swift's `Hasher`, itself randomly seeded per
+/// process): not a cryptographic commitment, a map key no outsider can aim collisions at.
+struct CredentialDigest: Hashable, Sendable {
+  let high: UInt64
+  let low: UInt64
+
+  init(_ credential: String, salt: (UInt64, UInt64)) {
+    var first = Hasher()
+    first.combine(salt.0)
+    first.combine(credential)
+    var second = Hasher()
+    second.combine(salt.1)
+    second.combine(credential)
+    high = UInt64(bitPattern: Int64(first.finalize()))
+    low = UInt64(bitPattern: Int64(second.finalize()))
+  }
+
+  /// 32 hex digits (each half padded: unpadded halves could spell one string for two digests).
+  var hex: String {
+    (withUnsafeBytes(of: high.bigEndian, Array.init) + withUnsafeBytes(of: low.bigEndian, Array.init)).lowercaseHex
+  }
+}
+
+extension UpstreamAdapter {
+  /// The streams an adapter without a session step reads (the generic adapter's one stream).
+  var defaultStreams: [String] {
+    (self as? GenericAdapter).map { [$0.settings.stream] } ?? []
+  }
+}

@@ -10,39 +10,39 @@ public actor Feed {
   public nonisolated let settings: FeedSettings
   public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 
-  private var ids: EventIDAllocator
-  private var ring: ReplayRing
-  private var subscribers: [Subscriber] = []
-  private var stats = FeedStatistics()
+  var ids: EventIDAllocator
+  var ring: ReplayRing
+  var subscribers: [Subscriber] = []
+  var stats = FeedStatistics()
   /// The newest `upstream` status event (no id), sent to every subscriber when it goes live.
-  private var statusEvent: BroadcastBytes?
-  private var heartbeatTimer: LoopTimer?
+  var statusEvent: BroadcastBytes?
+  var heartbeatTimer: LoopTimer?
   /// Where the next heartbeat slice starts in `subscribers`, and the fraction of a subscriber owed to the next
   /// tick (with fewer subscribers than slices, a tick visits none or one).
-  private var heartbeatCursor = 0
-  private var heartbeatCredit = 0.0
+  var heartbeatCursor = 0
+  var heartbeatCredit = 0.0
   /// When the current batch is being written (set once per publish, read by every write of the fan-out).
-  private var writeTime = 0.0
-  private var ageTimer: LoopTimer?
-  private var ageRandom = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
-  private let heartbeatBytes = BroadcastBytes(SSEEncoder.comment("heartbeat"))
-  private let preamble: ByteSlice
-  private var subscriberObservers: [(Int) -> Void] = []
+  var writeTime = 0.0
+  var ageTimer: LoopTimer?
+  var ageRandom = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
+  let heartbeatBytes = BroadcastBytes(SSEEncoder.comment("heartbeat"))
+  let preamble: ByteSlice
+  var subscriberObservers: [(Int) -> Void] = []
 
   /// Where batches are committed before anyone sees them (`store.kind`), and this feed's name there.
   public nonisolated let store: EventStore
   public nonisolated let storeKey: String
   /// The id of the newest event subscribers may see: with a durable store, ids are handed out before the batch
   /// is committed, and a batch is visible only once it is.
-  private var visibleHead: UInt64
+  var visibleHead: UInt64
   /// Streams whose events the ring dropped since the last commit: the next commit drops them from the store.
-  private var forgottenStreams: [String] = []
+  var forgottenStreams: [String] = []
   /// Id ranges this feed's store never issued (`UnissuedRanges`): a resume into one gets `reset`. Changed ranges
   /// go with the next commit.
-  private var unissued: [ClosedRange<UInt64>] = []
-  private var unissuedChanged = false
+  var unissued: [ClosedRange<UInt64>] = []
+  var unissuedChanged = false
   /// Why this feed serves nobody (its store belongs to another source), or nil.
-  public private(set) var unavailableReason: String?
+  public internal(set) var unavailableReason: String?
 
   /// - Parameter restored: what `store` held for this feed at start: its events go back into the ring, and `ids`
   ///   must already start above its head (`EventIDAllocator(persistedAtLeast:)`).
@@ -89,7 +89,7 @@ public actor Feed {
 
   public var subscriberCount: Int { subscribers.count }
 
-  private func subscribersChanged() {
+  func subscribersChanged() {
     for observer in subscriberObservers { observer(subscribers.count) }
   }
 
@@ -109,7 +109,14 @@ public actor Feed {
     if subscribers.contains(where: { $0.endsAt != nil || $0.grantEndsAt != nil }) { startEndTimer() }
   }
 
-  private var started = false
+  var started = false
+
+  /// Slices per interval now: one per subscriber up to `heartbeatSlices`, so a feed with two readers (an
+  /// account's, in per-user relaying) wakes twice per interval, not forty times; with none, once.
+  var heartbeatSlicesNow = 1
+
+  /// The earliest maximum age or expiry among the subscribers (infinity when none has one).
+  var nextEnd = Double.infinity
 
   /// Stops the timers of a feed nobody reads (an idle account's): `start()` starts them again. The ring stays.
   public func pause() {
@@ -133,7 +140,7 @@ public actor Feed {
 
   /// The timer that ends streams at their maximum age or their token's expiry: started with the first stream
   /// that has either. A tick costs one comparison until the earliest end is due.
-  private func startEndTimer() {
+  func startEndTimer() {
     guard started, ageTimer == nil else { return }
     let period = min(0.25, max(0.05, (settings.maxConnectionAge ?? 1) / 4))
     let check = LoopTimer(loop: loop, repeating: true) { [weak self] in
@@ -203,13 +210,13 @@ public actor Feed {
   }
 
   /// The unissued ranges still above the ring's floor (below it a resume is too old anyway), newest last.
-  private func currentUnissued() -> [ClosedRange<UInt64>] {
+  func currentUnissued() -> [ClosedRange<UInt64>] {
     unissued.removeAll { $0.upperBound < ring.floorID }
     if unissued.count > UnissuedRanges.limit { unissued.removeFirst(unissued.count - UnissuedRanges.limit) }
     return unissued
   }
 
-  private func commit(_ batch: StoreBatch) async throws(StoreError) {
+  func commit(_ batch: StoreBatch) async throws(StoreError) {
     let store = store
     let result: Result<Void, StoreError> = await withCheckedContinuation { continuation in
       store.commit(batch) { continuation.resume(returning: $0) }
@@ -218,7 +225,7 @@ public actor Feed {
   }
 
   /// One event of a batch, its id given and its bytes encoded, not yet visible.
-  private struct PreparedEvent {
+  struct PreparedEvent {
     var id: UInt64 { entry.id }
     var stream: String? { entry.stream }
     var entry: ReplayRing.Entry
@@ -228,13 +235,13 @@ public actor Feed {
   }
 
   /// A batch with its ids given and its bytes encoded in one block, not yet visible.
-  private struct PreparedBatch {
+  struct PreparedBatch {
     var events: [PreparedEvent]
     /// The whole block, for the fan-out's fast path (subscribers that read every stream).
     var whole: BroadcastBytes
   }
 
-  private func prepare(_ events: [FeedEvent]) -> PreparedBatch? {
+  func prepare(_ events: [FeedEvent]) -> PreparedBatch? {
     guard !events.isEmpty else { return nil }
     var assigned: [UInt64] = []
     assigned.reserveCapacity(events.count)
@@ -265,7 +272,7 @@ public actor Feed {
   }
 
   /// Makes a prepared batch visible: into the ring, then to every live subscriber.
-  private func reveal(_ prepared: PreparedBatch) {
+  func reveal(_ prepared: PreparedBatch) {
     // With a shared store (`redis`), a node that stepped down follows the stream from its visible head, and a
     // commit it made just before may come back that way too: whichever shows an id first wins.
     guard let newest = prepared.events.last?.id, newest > visibleHead else { return }
@@ -292,116 +299,7 @@ public actor Feed {
     fanOut(entries, whole: prepared.whole)
   }
 
-  // MARK: Following a shared store (`store.kind = redis`)
-
-  /// Shows events another node committed (read from the shared stream), in order: into the ring, then to every
-  /// live subscriber, with their ids as stored. Ids at or below the visible head are already here and skipped.
-  /// A `stream-detached` notice drops its stream's events from the ring first, as on the node that wrote it.
-  public func follow(_ events: [StoredEvent]) {
-    followed(events)
-  }
-
-  private func followed(_ events: [StoredEvent]) {
-    let fresh = events.filter { $0.id > visibleHead }
-    guard !fresh.isEmpty else { return }
-    let now = MonotonicClock.seconds()
-    var entries: [ReplayRing.Entry] = []
-    entries.reserveCapacity(fresh.count)
-    let whole = BroadcastBytes { bytes in
-      for event in fresh {
-        let slice = event.bytes
-        bytes.append(contentsOf: UnsafeRawBufferPointer(start: slice.block.base + slice.offset, count: slice.count))
-      }
-    }
-    var offset = whole.payload.offset
-    for event in fresh {
-      if event.type == "stream-detached", let stream = event.stream { ring.removeAll(stream: stream) }
-      let entry = ReplayRing.Entry(
-        id: event.id, stream: event.stream,
-        slice: ByteSlice(block: whole.payload.block, offset: offset, count: event.bytes.count), time: now)
-      offset += event.bytes.count
-      entries.append(entry)
-      ring.append(entry)
-      stats.eventsPublished += 1
-      if let stream = event.stream { stats.eventsPublishedByStream[stream, default: 0] += 1 }
-    }
-    visibleHead = fresh[fresh.count - 1].id
-    if ids.head < visibleHead { ids = EventIDAllocator(startMicroseconds: 0, persistedAtLeast: visibleHead) }
-    ring.evictExpired(now: now)
-    writeTime = now
-    fanOut(entries, whole: whole)
-  }
-
-  /// This node starts writing the feed (it took the lease): ids go on above `storedHead` and what this node
-  /// shows, and above its clock (the same rule as a restart).
-  public func lead(storedHead: UInt64) {
-    let above = max(storedHead, visibleHead, ids.head)
-    ids = EventIDAllocator(startMicroseconds: EventIDAllocator.nowMicroseconds(), persistedAtLeast: above)
-    if ids.head > above {
-      unissued.append((above + 1)...ids.head)
-      unissuedChanged = true
-    }
-  }
-
-  /// The store lost this feed (Redis restarted empty): what came upstream meanwhile cannot be relayed, so every
-  /// stream ends and every client that resumes across the loss gets `reset` (`too_old`), and the `upstream`
-  /// status says why. Returns the streams ended.
-  @discardableResult
-  public func storeLost(_ detail: String) -> Int {
-    // Said first, so the streams about to end carry it too.
-    publishStatus(
-      JSONText.object([
-        "state": JSONText.quoted("resync"), "reason": JSONText.quoted("store_lost"),
-        "detail": JSONText.quoted(detail),
-      ]))
-    return skip(to: visibleHead + 1, notice: "the store lost this feed: reconnect")
-  }
-
-  /// This feed's store belongs to another source: it serves nobody (new streams get 503, open ones end) until
-  /// `reason` is nil again.
-  public func setUnavailable(_ reason: String?) {
-    guard reason != unavailableReason else { return }
-    unavailableReason = reason
-    guard let reason else { return }
-    let notice = ByteSlice(SSEEncoder.comment("this feed is unavailable: \(reason)"))
-    for subscriber in subscribers where !subscriber.isClosed { end(subscriber, with: notice) }
-  }
-
-  /// The shared stream was trimmed past what this node shows (it could not follow for a while): what lies
-  /// between is gone. The ring restarts at `floor`, and every stream ends so its client reconnects with its
-  /// Last-Event-ID and gets the `reset` the resume rules give for an id that is too old.
-  @discardableResult
-  public func skip(
-    to floor: UInt64, notice text: String = "events were trimmed before this node could follow them: reconnect"
-  ) -> Int {
-    guard floor > visibleHead else { return 0 }
-    ring = ReplayRing(limits: settings.ring, floorID: floor)
-    visibleHead = floor
-    if ids.head < floor { ids = EventIDAllocator(startMicroseconds: 0, persistedAtLeast: floor) }
-    let ending = subscribers
-    let notice = ByteSlice(SSEEncoder.comment(text))
-    for subscriber in ending where !subscriber.isClosed { end(subscriber, with: notice) }
-    return ending.count
-  }
-
-  /// Broadcasts an `upstream` status event (no id; not replayed) and remembers it for new subscribers.
-  public func publishStatus(_ data: String) {
-    let bytes = BroadcastBytes(SSEEncoder.event(id: nil, type: "upstream", data: data))
-    statusEvent = bytes
-    writeTime = MonotonicClock.seconds()
-    for subscriber in subscribers where subscriber.mode == .live && !subscriber.isClosed {
-      broadcast(bytes, to: subscriber)
-    }
-  }
-
-  /// Removes a detached stream's events from the ring so that they are never replayed.
-  @discardableResult
-  public func forgetStream(_ stream: String) -> Int {
-    if store.isDurable { forgottenStreams.append(stream) }
-    return ring.removeAll(stream: stream)
-  }
-
-  private func fanOut(_ batch: [ReplayRing.Entry], whole: BroadcastBytes) {
+  func fanOut(_ batch: [ReplayRing.Entry], whole: BroadcastBytes) {
     guard let last = batch.last?.id else { return }
     for subscriber in subscribers where subscriber.mode == .live && !subscriber.isClosed {
       switch FeedPlan.delivery(of: batch, to: subscriber.streams) {
@@ -414,7 +312,7 @@ public actor Feed {
   }
 
   /// Queues `slices` for a live subscriber, or disconnects it when its backlog would pass the bound.
-  private func send(_ slices: [ByteSlice], to subscriber: Subscriber) {
+  func send(_ slices: [ByteSlice], to subscriber: Subscriber) {
     guard admit(slices.reduce(0) { $0 + $1.count }, to: subscriber) else { return }
     subscriber.lastWrite = writeTime
     subscriber.sink.write(slices)
@@ -423,7 +321,7 @@ public actor Feed {
   /// The fan-out fast path: one shared, pre-framed reference for a live subscriber, or a disconnect when its
   /// backlog would pass the bound.
   @inline(__always)
-  private func broadcast(_ bytes: BroadcastBytes, to subscriber: Subscriber) {
+  func broadcast(_ bytes: BroadcastBytes, to subscriber: Subscriber) {
     guard admit(bytes.payload.count, to: subscriber) else { return }
     subscriber.lastWrite = writeTime
     subscriber.sink.write(bytes)
@@ -437,7 +335,7 @@ public actor Feed {
   /// healthy client. The batch's bytes are shared references, so queueing it costs the subscriber no copy; a
   /// client that does not read is cut at the next batch.
   @inline(__always)
-  private func admit(_ size: Int, to subscriber: Subscriber) -> Bool {
+  func admit(_ size: Int, to subscriber: Subscriber) -> Bool {
     if FeedPlan.cuts(pendingBytes: subscriber.sink.pendingBytes, maxPendingBytes: settings.maxPendingBytes) {
       disconnectSlow(subscriber)
       return false
@@ -446,7 +344,7 @@ public actor Feed {
     return true
   }
 
-  private func disconnectSlow(_ subscriber: Subscriber) {
+  func disconnectSlow(_ subscriber: Subscriber) {
     stats.slowConsumerDisconnects += 1
     remove(subscriber)
     subscriber.sink.abort()
@@ -516,7 +414,7 @@ public actor Feed {
     remove(subscriber)
   }
 
-  private func remove(_ subscriber: Subscriber) {
+  func remove(_ subscriber: Subscriber) {
     guard !subscriber.isClosed else { return }
     let position = subscriber.registryIndex
     guard position >= 0, position < subscribers.count, subscribers[position] === subscriber else {
@@ -538,7 +436,7 @@ public actor Feed {
   }
 
   /// Queues the next part of a catching-up subscriber's replay; when it reaches the head it goes live.
-  private func pump(_ subscriber: Subscriber) {
+  func pump(_ subscriber: Subscriber) {
     guard subscriber.mode == .replaying, !subscriber.isClosed else { return }
     let step = FeedPlan.replayStep(
       ring: ring, after: subscriber.cursor, streams: subscriber.streams, head: visibleHead,
@@ -562,7 +460,7 @@ public actor Feed {
     }
   }
 
-  private func resetEvent(reason: ResetReason, requested: String) -> [UInt8] {
+  func resetEvent(reason: ResetReason, requested: String) -> [UInt8] {
     let shown =
       requested.utf8.count > 128 ? String(decoding: requested.utf8.prefix(128), as: UTF8.self) + "…" : requested
     let data = JSONText.object([
@@ -574,129 +472,4 @@ public actor Feed {
     return SSEEncoder.event(id: visibleHead, type: "reset", data: data)
   }
 
-  // MARK: Timers and shutdown
-
-  /// Heartbeat rounds are spread over the interval: each tick (interval / slices) visits the next slice of the
-  /// subscribers, so 10,000 idle clients cost 250 writes per tick instead of one 10,000-write stall every
-  /// interval that live events would wait behind. A subscriber written to since the previous tick needs no
-  /// heartbeat and gets none (a busy stream costs nothing); any stream thus hears something at least every
-  /// interval plus one tick.
-  static let heartbeatSlices = 40
-
-  /// Slices per interval now: one per subscriber up to `heartbeatSlices`, so a feed with two readers (an
-  /// account's, in per-user relaying) wakes twice per interval, not forty times; with none, once.
-  private var heartbeatSlicesNow = 1
-  private var heartbeatSlicesWanted: Int { max(1, min(Feed.heartbeatSlices, subscribers.count)) }
-
-  /// Re-arms the heartbeat timer when the slice count should change: at once when it should grow (new readers
-  /// must not wait a long tick), at the next tick when it should shrink.
-  private func adjustHeartbeat(growOnly: Bool) {
-    guard let heartbeatTimer else { return }
-    let wanted = heartbeatSlicesWanted
-    guard wanted > heartbeatSlicesNow || (!growOnly && wanted != heartbeatSlicesNow) else { return }
-    heartbeatSlicesNow = wanted
-    heartbeatTimer.schedule(after: settings.heartbeatInterval / Double(wanted))
-  }
-
-  private func tick() {
-    let now = MonotonicClock.seconds()
-    ring.evictExpired(now: now)
-    guard !subscribers.isEmpty else { return }
-    // Each tick visits count / slices subscribers, so each one is visited once per interval.
-    let slices = heartbeatSlicesNow
-    defer { adjustHeartbeat(growOnly: false) }
-    heartbeatCredit += Double(subscribers.count) / Double(slices)
-    let share = Int(heartbeatCredit)
-    heartbeatCredit -= Double(share)
-    // Written to within the finest slice: no heartbeat needed. (Not the current slice: with one reader visited
-    // once per interval, that would let a stream written just before its visit stay silent for two intervals.)
-    let quiet = settings.heartbeatInterval / Double(Feed.heartbeatSlices)
-    var visited = 0
-    if heartbeatCursor >= subscribers.count { heartbeatCursor = 0 }
-    while visited < share && !subscribers.isEmpty {
-      if heartbeatCursor >= subscribers.count { heartbeatCursor = 0 }
-      let subscriber = subscribers[heartbeatCursor]
-      heartbeatCursor += 1
-      visited += 1
-      guard subscriber.mode == .live, !subscriber.isClosed, now - subscriber.lastWrite >= quiet else { continue }
-      stats.heartbeatsSent += 1
-      writeTime = now
-      broadcast(heartbeatBytes, to: subscriber)
-    }
-  }
-
-  /// Ends the streams that reached their maximum age, so their clients reconnect (and resume) elsewhere or
-  /// later: a comment says why, then the stream ends cleanly.
-  ///
-  /// A stream whose grant ended (a token's expiry) ends the same way, with the grant's last id-less event (so the
-  /// client's Last-Event-ID stays that of the last event it got): `GrantEnd`.
-  private func endDueConnections() {
-    let now = MonotonicClock.seconds()
-    guard now >= nextEnd else { return }
-    var due: [Subscriber] = []
-    var next = Double.infinity
-    for subscriber in subscribers {
-      let end = min(subscriber.endsAt ?? .infinity, subscriber.grantEndsAt ?? .infinity)
-      if end <= now { due.append(subscriber) } else { next = min(next, end) }
-    }
-    nextEnd = next
-    guard !due.isEmpty else { return }
-    let notice = ByteSlice(SSEEncoder.comment("maximum connection age reached: reconnect with Last-Event-ID"))
-    for subscriber in due {
-      if let endsAt = subscriber.grantEndsAt, endsAt <= now, let last = subscriber.grantEndEvent {
-        stats.grantsEnded += 1
-        end(subscriber, with: last)
-      } else {
-        stats.agedOut += 1
-        end(subscriber, with: notice)
-      }
-    }
-  }
-
-  /// The earliest maximum age or expiry among the subscribers (infinity when none has one).
-  private var nextEnd = Double.infinity
-
-  private func end(_ subscriber: Subscriber, with notice: ByteSlice) {
-    remove(subscriber)
-    subscriber.sink.write([notice])
-    subscriber.sink.finish()
-  }
-
-  /// Ends every stream with a last id-less event of `type` (per-user relaying: `credential-revoked`). Returns how
-  /// many were ended.
-  @discardableResult
-  public func endAll(type: String, data: String, grant: String? = nil) -> Int {
-    let last = ByteSlice(SSEEncoder.event(id: nil, type: type, data: data))
-    let ending = subscribers.filter { grant == nil || $0.grant == grant }
-    for subscriber in ending where !subscriber.isClosed { end(subscriber, with: last) }
-    return ending.count
-  }
-
-  /// The grants of the open streams (per-user relaying re-checks their keys).
-  public var openGrants: Set<String> { Set(subscribers.compactMap { $0.isClosed ? nil : $0.grant }) }
-
-  /// Sends `comment` to every subscriber and ends every stream cleanly. With a `spread` window the streams are
-  /// ended in slices across it (in random order), so thousands of browsers do not reconnect in the same
-  /// millisecond. Returns how many were ended.
-  @discardableResult
-  public func finishAll(comment: String, spread: Double = 0) async -> Int {
-    heartbeatTimer?.cancel()
-    heartbeatTimer = nil
-    ageTimer = nil
-    started = false
-    let last = ByteSlice(SSEEncoder.comment(comment))
-    var pending = subscribers.shuffled(using: &ageRandom)
-    let total = pending.count
-    let step = 0.05
-    let steps = max(1, Int((spread / step).rounded(.down)))
-    let perStep = spread > 0 ? max(1, Int((Double(total) / Double(steps)).rounded(.up))) : total
-    while !pending.isEmpty {
-      for subscriber in pending.prefix(perStep) where !subscriber.isClosed {
-        end(subscriber, with: last)
-      }
-      pending.removeFirst(min(perStep, pending.count))
-      if !pending.isEmpty { try? await Task.sleep(for: .milliseconds(Int(step * 1000))) }
-    }
-    return total
-  }
 }

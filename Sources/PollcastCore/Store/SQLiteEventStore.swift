@@ -33,13 +33,13 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
   static let schemaVersion: Int32 = 1
   static let checkpointPages = 1000
 
-  private let queue = DispatchQueue(label: "pollcast.store.writer")
+  let queue = DispatchQueue(label: "pollcast.store.writer")
   // Confined to `queue`.
-  private var db: OpaquePointer?
-  private var statements: [String: OpaquePointer] = [:]
-  private var feedIDs: [String: Int64] = [:]
-  private var floors: [String: UInt64] = [:]
-  private let stats = Locked(StoreStatistics(kind: "sqlite"))
+  var db: OpaquePointer?
+  var statements: [String: OpaquePointer] = [:]
+  var feedIDs: [String: Int64] = [:]
+  var floors: [String: UInt64] = [:]
+  let stats = Locked(StoreStatistics(kind: "sqlite"))
 
   /// Opens (creating it when missing) and checks the store. A file that is not a Pollcast store, or that SQLite
   /// finds damaged, throws `.corrupt`; with `resetIfCorrupt` it is moved aside (`<path>.corrupt-<unix time>`, with
@@ -100,7 +100,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
 
   // MARK: Opening
 
-  private func openAndCheck() throws(StoreError) {
+  func openAndCheck() throws(StoreError) {
     // Only a file that is missing or empty is made a store: an SQLite file of another program is never adopted
     // (its application_id was overwritten), even one without tables yet.
     let fresh = fileSize(path) == 0
@@ -156,7 +156,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
   }
 
   /// Records `source` in a new store, or checks that an existing store was filled from it.
-  private func bind(source: String) throws(StoreError) {
+  func bind(source: String) throws(StoreError) {
     if let stored = try metaValue("source") {
       guard stored == source else {
         throw StoreError(
@@ -170,14 +170,14 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     try setMeta("source", source)
   }
 
-  private func metaValue(_ key: String) throws(StoreError) -> String? {
+  func metaValue(_ key: String) throws(StoreError) -> String? {
     let select = try statement("SELECT value FROM meta WHERE key = ?1")
     defer { sqlite3_reset(select) }
     sqlite3_bind_text(select, 1, key, -1, pollcast_sqlite_transient())
     return try step(select) ? columnText(select, 0) : nil
   }
 
-  private func setMeta(_ key: String, _ value: String) throws(StoreError) {
+  func setMeta(_ key: String, _ value: String) throws(StoreError) {
     let upsert = try statement("INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = ?2")
     defer { sqlite3_reset(upsert) }
     sqlite3_bind_text(upsert, 1, key, -1, pollcast_sqlite_transient())
@@ -185,7 +185,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     _ = try step(upsert)
   }
 
-  private func createSchema() throws(StoreError) {
+  func createSchema() throws(StoreError) {
     try execute("BEGIN IMMEDIATE")
     try execute(
       """
@@ -201,7 +201,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     try execute("COMMIT")
   }
 
-  private func closeConnection() {
+  func closeConnection() {
     for statement in statements.values { sqlite3_finalize(statement) }
     statements = [:]
     if let db { sqlite3_close_v2(db) }
@@ -282,7 +282,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
   }
 
   /// The row id of a stored feed, nil when it has none.
-  private func feedRowID(_ feed: String) throws(StoreError) -> Int64? {
+  func feedRowID(_ feed: String) throws(StoreError) -> Int64? {
     if let known = feedIDs[feed] { return known }
     let select = try statement("SELECT id FROM feeds WHERE name = ?1")
     defer { sqlite3_reset(select) }
@@ -337,7 +337,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
 
   // MARK: Reading
 
-  private func read(feed: String) throws(StoreError) -> StoredFeed? {
+  func read(feed: String) throws(StoreError) -> StoredFeed? {
     guard db != nil else { throw StoreError(.closed, path: path, "the store is closed") }
     let row = try statement("SELECT id, head_id, floor_id FROM feeds WHERE name = ?1")
     defer { sqlite3_reset(row) }
@@ -398,7 +398,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
 
   // MARK: Writing
 
-  private func write(_ batch: StoreBatch) throws(StoreError) {
+  func write(_ batch: StoreBatch) throws(StoreError) {
     guard db != nil else { throw StoreError(.closed, path: path, "the store is closed") }
     try execute("BEGIN IMMEDIATE")
     do throws(StoreError) {
@@ -471,7 +471,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
   }
 
   /// The feed's row id, its head and floor raised to the batch's (never lowered).
-  private func feedRow(_ feed: String, head: UInt64, floor: UInt64) throws(StoreError) -> Int64 {
+  func feedRow(_ feed: String, head: UInt64, floor: UInt64) throws(StoreError) -> Int64 {
     let upsert = try statement(
       """
       INSERT INTO feeds(name, head_id, floor_id) VALUES (?1, ?2, ?3)
@@ -487,76 +487,4 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     return id
   }
 
-  // MARK: SQLite helpers (on `queue` only)
-
-  private func statement(_ sql: String) throws(StoreError) -> OpaquePointer {
-    if let prepared = statements[sql] { return prepared }
-    var prepared: OpaquePointer?
-    let status = sqlite3_prepare_v3(db, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &prepared, nil)
-    guard status == SQLITE_OK, let prepared else { throw failure(status, "preparing a statement") }
-    statements[sql] = prepared
-    return prepared
-  }
-
-  /// Steps once: true with a row, false when done.
-  private func step(_ statement: OpaquePointer) throws(StoreError) -> Bool {
-    let status = sqlite3_step(statement)
-    if status == SQLITE_ROW { return true }
-    if status == SQLITE_DONE { return false }
-    throw failure(status, nil)
-  }
-
-  private func execute(_ sql: String) throws(StoreError) {
-    let status = sqlite3_exec(db, sql, nil, nil, nil)
-    guard status == SQLITE_OK else { throw failure(status, nil) }
-  }
-
-  private func integer(_ sql: String) throws(StoreError) -> Int64 {
-    var prepared: OpaquePointer?
-    let status = sqlite3_prepare_v2(db, sql, -1, &prepared, nil)
-    defer { sqlite3_finalize(prepared) }
-    guard status == SQLITE_OK, let prepared else { throw failure(status, sql) }
-    guard try step(prepared) else { return 0 }
-    return sqlite3_column_int64(prepared, 0)
-  }
-
-  private func text(_ sql: String) throws(StoreError) -> String? {
-    var prepared: OpaquePointer?
-    let status = sqlite3_prepare_v2(db, sql, -1, &prepared, nil)
-    defer { sqlite3_finalize(prepared) }
-    guard status == SQLITE_OK, let prepared else { throw failure(status, sql) }
-    guard try step(prepared) else { return nil }
-    return columnText(prepared, 0)
-  }
-
-  private func columnText(_ statement: OpaquePointer, _ column: Int32) -> String {
-    guard let text = sqlite3_column_text(statement, column) else { return "" }
-    let count = Int(sqlite3_column_bytes(statement, column))
-    return String(decoding: UnsafeRawBufferPointer(start: text, count: count), as: UTF8.self)
-  }
-
-  private func message(_ status: Int32) -> String {
-    let detail = db.flatMap { sqlite3_errmsg($0) }.map { String(cString: $0) }
-    let name = String(cString: sqlite3_errstr(status))
-    return detail.map { $0 == name ? name : "\(name): \($0)" } ?? name
-  }
-
-  private func failure(_ status: Int32, _ doing: String?) -> StoreError {
-    let primary = status & 0xff
-    let kind: StoreError.Kind
-    switch primary {
-    case SQLITE_CORRUPT, SQLITE_NOTADB, SQLITE_FORMAT: kind = .corrupt
-    case SQLITE_BUSY, SQLITE_LOCKED, SQLITE_CANTOPEN, SQLITE_PERM, SQLITE_AUTH, SQLITE_READONLY:
-      kind = .unavailable
-    default: kind = .write
-    }
-    var text = message(status)
-    if primary == SQLITE_BUSY { text += " (another process holds the store)" }
-    return StoreError(kind, path: path, doing.map { "\($0): \(text)" } ?? text)
-  }
-
-  private func fileSize(_ path: String) -> Int {
-    var info = stat()
-    return stat(path, &info) == 0 ? Int(info.st_size) : 0
-  }
 }

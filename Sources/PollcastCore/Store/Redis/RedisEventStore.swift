@@ -43,20 +43,20 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
 
   /// The loop that drives the connections (set once by `attach(to:)`; read from any thread).
   var loop: EventLoop? { attachedLoop.withLock { $0 } }
-  private let attachedLoop = Locked<EventLoop?>(nil)
+  let attachedLoop = Locked<EventLoop?>(nil)
   // Loop-confined from `attach(to:)` on.
-  private var command: RedisConnection?
-  private var reader: RedisConnection?
-  private var tokens: [String: String] = [:]
-  private var inDoubt: [(batch: StoreBatch, completion: @Sendable (Result<Void, StoreError>) -> Void)] = []
-  private var backoff = [String: Backoff]()
-  private var random = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
-  private var reconnectTimers: [String: LoopTimer] = [:]
-  private var watchdog: LoopTimer?
-  private var closed = false
-  private var observers: [String: () -> Void] = [:]
-  private let stats = Locked(StoreStatistics(kind: "redis"))
-  private let health = Locked<(connected: Bool, error: String?)>((false, nil))
+  var command: RedisConnection?
+  var reader: RedisConnection?
+  var tokens: [String: String] = [:]
+  var inDoubt: [(batch: StoreBatch, completion: @Sendable (Result<Void, StoreError>) -> Void)] = []
+  var backoff = [String: Backoff]()
+  var random = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
+  var reconnectTimers: [String: LoopTimer] = [:]
+  var watchdog: LoopTimer?
+  var closed = false
+  var observers: [String: () -> Void] = [:]
+  let stats = Locked(StoreStatistics(kind: "redis"))
+  let health = Locked<(connected: Bool, error: String?)>((false, nil))
 
   public init(
     address: RedisAddress, prefix: String = "pollcast", nodeID: String? = nil, commandTimeout: Double = 5,
@@ -118,12 +118,12 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     self.watchdog = watchdog
   }
 
-  private func open(_ connection: RedisConnection) {
+  func open(_ connection: RedisConnection) {
     guard !closed else { return }
     if let error = connection.connect() { lost(connection, reason: error) }
   }
 
-  private func connected(_ connection: RedisConnection) {
+  func connected(_ connection: RedisConnection) {
     backoff[connection.name] = nil
     if connection === command {
       health.withLock { $0 = (true, nil) }
@@ -135,7 +135,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     notify()
   }
 
-  private func lost(_ connection: RedisConnection, reason: String) {
+  func lost(_ connection: RedisConnection, reason: String) {
     if connection === command {
       let wasConnected = health.withLock { state -> Bool in
         defer { state = (false, reason) }
@@ -159,7 +159,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
 
   /// Drops a connection whose oldest command waited past the timeout (a Redis that hangs): its commands fail or
   /// go in doubt, and the connection is made again.
-  private func checkHung() {
+  func checkHung() {
     if let command, command.isConnected, command.oldestWait > commandTimeout {
       command.drop(reason: "no reply for \(Int(commandTimeout)) s")
     }
@@ -188,9 +188,9 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     fencedObservers[feed] = nil
   }
 
-  private var fencedObservers: [String: () -> Void] = [:]
+  var fencedObservers: [String: () -> Void] = [:]
 
-  private func notify() { for observer in Array(observers.values) { observer() } }
+  func notify() { for observer in Array(observers.values) { observer() } }
 
   /// Whether the command connection is up, and the last error while it is not.
   public var connection: (connected: Bool, error: String?) { health.withLock { $0 } }
@@ -331,7 +331,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     }
   }
 
-  private func recordCommit(_ batch: StoreBatch, seconds: Double) {
+  func recordCommit(_ batch: StoreBatch, seconds: Double) {
     stats.withLock { stats in
       stats.commits += 1
       stats.eventsWritten += batch.events.count
@@ -344,7 +344,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   /// exactly when its first event is in the stream under its id with its bytes (not the stored head: another
   /// node that took over since then moved it past any of this node's ids). A position-only commit is reported
   /// failed (retrying it only repeats a cursor move).
-  private func resolveInDoubt() {
+  func resolveInDoubt() {
     let pending = inDoubt
     inDoubt = []
     for (batch, completion) in pending {
@@ -419,7 +419,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     _ = done.wait(timeout: .now() + min(2, commandTimeout))
   }
 
-  private func shut(then finished: @escaping @Sendable () -> Void) {
+  func shut(then finished: @escaping @Sendable () -> Void) {
     guard !closed else { return finished() }
     closed = true
     watchdog = nil
@@ -452,221 +452,8 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
     }
   }
 
-  // MARK: Leases and reads (for FeedReplica, on the loop)
-
-  public enum LeaseAnswer: Sendable, Equatable {
-    /// This node holds the lease with `token` (`fresh`: newly taken, not renewed).
-    case held(token: String, fresh: Bool)
-    /// Another node holds it (`repaired`: the lease had no expiry, and now has one).
-    case heldBy(String, repaired: Bool = false)
-    /// The feed was filled from another source than this node's: it must not be led, followed or served.
-    case foreign(String)
-    /// Redis did not answer.
-    case failed(String)
-  }
-
-  /// Takes the lease of `feed` when nobody holds it, or renews it when `token` holds it.
-  func lease(feed: String, token: String?, milliseconds: Int, completion: @escaping (LeaseAnswer) -> Void) {
-    guard let command, command.isConnected else {
-      completion(.failed(connection.error ?? "redis unreachable"))
-      return
-    }
-    command.send(
-      RedisEventStore.arguments([
-        "EVAL", RedisEventStore.leaseScript, "3", key(feed, "lease"), key(feed, "epoch"), key(feed, "meta"),
-        "\(nodeID)/\(instance)", String(milliseconds), token ?? "", source ?? "",
-        String(UInt64.random(in: 1...UInt64.max), radix: 36),
-      ])
-    ) { reply in
-      guard let elements = reply?.elements, elements.count == 2, case .integer(let code) = elements[0],
-        let holder = elements[1].text
-      else {
-        completion(.failed(reply.map { "\($0)" } ?? "redis connection lost"))
-        return
-      }
-      switch code {
-      case 0: completion(.heldBy(holder))
-      case 3: completion(.foreign(holder))
-      case 4: completion(.heldBy(holder, repaired: true))
-      default: completion(.held(token: holder, fresh: code == 2))
-      }
-    }
-  }
-
-  /// Lets commits of `feed` through with `token` (this node leads it), or stops them (nil).
-  func setToken(_ token: String?, feed: String) { tokens[feed] = token }
-
-  /// The stored head, floor and position of `feed`.
-  func meta(feed: String, completion: @escaping (Result<StoredFeed, StoreError>) -> Void) {
-    guard let command, command.isConnected else {
-      completion(.failure(address.unavailable("redis unreachable")))
-      return
-    }
-    command.send(RedisEventStore.arguments(["HMGET", key(feed, "meta")] + RedisEventStore.metaFields)) {
-      [self] reply in
-      guard let fields = reply?.elements, fields.count == RedisEventStore.metaFields.count else {
-        completion(.failure(address.unavailable("redis: \(String(describing: reply))")))
-        return
-      }
-      completion(Result { () throws(StoreError) in try parseMeta(fields, feed: feed) })
-    }
-  }
-
-  /// One chunk of `feed`'s events after `id` (at most `chunk`), on the command connection.
-  func read(feed: String, after id: UInt64, completion: @escaping (Result<EntryChunk, StoreError>) -> Void) {
-    guard let command, command.isConnected else {
-      completion(.failure(address.unavailable("redis unreachable")))
-      return
-    }
-    command.send(
-      RedisEventStore.arguments([
-        "XRANGE", key(feed, "events"), "(\(id)-0", "+", "COUNT", String(RedisEventStore.chunk),
-      ])
-    ) { [self] reply in
-      guard let reply else {
-        completion(.failure(address.unavailable("redis connection lost")))
-        return
-      }
-      completion(Result { () throws(StoreError) in try parseEntries(reply, skipping: true) })
-    }
-  }
-
-  /// Waits (a blocking `XREAD` on the reader connection, shared by every feed followed: `RedisFollowReads`) for
-  /// `feed`'s events after `id`, until some come or reading fails.
-  func follow(feed: String, after id: UInt64, completion: @escaping (Result<EntryChunk, StoreError>) -> Void) {
-    followReads.follow(feed: feed, after: id, completion: completion)
-  }
-
-  /// `feed` is no longer followed here (this node leads it now, or stopped serving it).
-  func unfollow(feed: String) { followReads.unfollow(feed: feed) }
-
   /// Reads of the followers, many feeds in one blocking `XREAD` (loop-confined).
-  private lazy var followReads = RedisFollowReads(store: self)
-  var readerConnection: RedisConnection? { reader }
-  var commandConnection: RedisConnection? { command }
-  /// Blocking reads sent, and reads unblocked for a feed that began following (`/metrics`, benchmarks).
-  var followReadCounts: (reads: Int, unblocks: Int) { (followReads.reads, followReads.unblocks) }
-
-  static let chunk = 500
-  static let blockSeconds = 1.0
-
-  // MARK: Encoding
-
-  private func commitArguments(_ batch: StoreBatch, token: String) -> [[UInt8]] {
-    var arguments: [[UInt8]] = [
-      Array("EVAL".utf8), Array(RedisEventStore.commitScript.utf8), Array("3".utf8),
-      Array(key(batch.feed, "lease").utf8), Array(key(batch.feed, "events").utf8), Array(key(batch.feed, "meta").utf8),
-      Array(token.utf8), Array(String(batch.headID).utf8), Array(String(batch.floorID).utf8),
-      Array((batch.position.map(RedisEventStore.encodePosition) ?? "").utf8),
-      Array(String(batch.forgetStreams.count).utf8), Array((source ?? "").utf8),
-      // "" leaves the ranges as they are; "-" stores none.
-      Array((batch.unissued.map { $0.isEmpty ? "-" : UnissuedRanges.encode($0) } ?? "").utf8),
-    ]
-    arguments.reserveCapacity(arguments.count + batch.forgetStreams.count + batch.events.count * 6)
-    for stream in batch.forgetStreams { arguments.append(Array(stream.utf8)) }
-    for event in batch.events {
-      arguments.append(Array(String(event.id).utf8))
-      arguments.append(Array((event.stream ?? "").utf8))
-      arguments.append(Array((event.upstreamID.map { String($0) } ?? "").utf8))
-      arguments.append(Array(String(event.unixTime).utf8))
-      arguments.append(Array((event.type ?? "").utf8))
-      arguments.append(event.bytes.bytes)
-    }
-    return arguments
-  }
-
-  static func arguments(_ strings: [String]) -> [[UInt8]] { strings.map { Array($0.utf8) } }
-
-  static func encodePosition(_ position: FeedPosition) -> String {
-    let cursors = position.streams.map {
-      "\(JSONText.quoted($0)):\(JSONText.quoted(String(position.cursors[$0] ?? 0)))"
-    }
-    return "{\"streams\":[\(position.streams.map(JSONText.quoted).joined(separator: ","))],\"cursors\":{"
-      + cursors.joined(separator: ",") + "}}"
-  }
-
-  static func decodePosition(_ text: String) -> FeedPosition? {
-    guard let json = try? RawJSON.parse(text), case .array(let streams)? = json["streams"]?.value,
-      let cursors = json["cursors"]
-    else { return nil }
-    var names: [String] = []
-    var values: [String: UInt64] = [:]
-    for stream in streams {
-      guard let name = stream.stringValue else { return nil }
-      names.append(name)
-      guard let cursor = cursors[name]?.stringValue.flatMap({ UInt64($0) }) else { return nil }
-      values[name] = cursor
-    }
-    return FeedPosition(streams: names, cursors: values)
-  }
-
-  /// Stream entries (`[[id, [field, value, …]], …]`) as events, checked: ids ascending, each entry's bytes
-  /// one whole frame naming its own id. Any entry that fails is damage (the load at start refuses the store).
-  func parseEntries(_ reply: RedisReply) throws(StoreError) -> [StoredEvent] {
-    let chunk = try parseEntries(reply, skipping: false)
-    return chunk.events
-  }
-
-  /// A chunk of stream entries as read while running: the Pollcast events, the entries that are not (written by
-  /// hand or by another tool, cut short, out of order), which are skipped and counted, never relayed, and the
-  /// highest entry id seen, so a reader goes on after it and a new leader above it.
-  struct EntryChunk {
-    var events: [StoredEvent] = []
-    var skipped: [String] = []
-    var highest: UInt64?
-    var count: Int { events.count + skipped.count }
-  }
-
-  func parseEntries(_ reply: RedisReply, skipping: Bool) throws(StoreError) -> EntryChunk {
-    guard let entries = reply.elements else { throw unexpected(reply) }
-    var chunk = EntryChunk()
-    chunk.events.reserveCapacity(entries.count)
-    for entry in entries {
-      let name = entry.elements?.first?.text ?? "?"
-      let id = name.split(separator: "-").first.flatMap { UInt64($0) }
-      if let id { chunk.highest = max(chunk.highest ?? 0, id) }
-      guard let event = Self.event(entry), chunk.events.last.map({ event.id > $0.id }) ?? true else {
-        guard skipping else {
-          throw StoreError(.corrupt, path: address.description, "stream entry \(name) is not a Pollcast event")
-        }
-        chunk.skipped.append(name)
-        continue
-      }
-      chunk.events.append(event)
-    }
-    if !chunk.skipped.isEmpty { stats.withLock { $0.foreignEntries += chunk.skipped.count } }
-    return chunk
-  }
-
-  /// One entry as an event, or nil when it is not one a relay wrote (its id, its frame).
-  static func event(_ entry: RedisReply) -> StoredEvent? {
-    guard let parts = entry.elements, parts.count == 2, let name = parts[0].text,
-      name.hasSuffix("-0"), let id = UInt64(name.dropLast(2)), let fields = parts[1].elements
-    else { return nil }
-    var bytes: [UInt8]?
-    var event = StoredEvent(id: id, stream: nil, upstreamID: nil, unixTime: 0, bytes: ByteSlice([]))
-    var index = 0
-    while index + 1 < fields.count {
-      let value = fields[index + 1]
-      switch fields[index].text {
-      case "d": if case .string(let data) = value { bytes = data }
-      case "t": event.unixTime = value.text.flatMap { Double($0) } ?? 0
-      case "s": event.stream = value.text
-      case "u": event.upstreamID = value.text.flatMap { UInt64($0) }
-      case "k": event.type = value.text
-      default: break
-      }
-      index += 2
-    }
-    guard let bytes, StoredEvent.isFrame(id: id, bytes) else { return nil }
-    event.bytes = ByteSlice(bytes)
-    return event
-  }
-
-  private func unexpected(_ reply: RedisReply) -> StoreError {
-    if case .error(let message) = reply { return address.unavailable(message) }
-    return StoreError(.corrupt, path: address.description, "unexpected reply \(String(describing: reply).prefix(200))")
-  }
+  lazy var followReads = RedisFollowReads(store: self)
 }
 
 extension RedisAddress {

@@ -1,0 +1,146 @@
+import Foundation
+
+/// The hub's bounds (active accounts, kept accounts, ring bytes over all accounts): where an account is stopped
+/// or evicted, and what `/metrics`, `/readyz` and shutdown see.
+extension AccountHub {
+  /// Stops an account still in its grace period (the least recently used) when the active bound is reached.
+  func makeRoomForActive() -> Bool {
+    guard activeCount >= settings.maxActiveAccounts else { return true }
+    guard
+      let victim = accounts.values.filter({ $0.isActive && $0.subscribers == 0 }).min(by: {
+        $0.lastUsed < $1.lastUsed
+      })
+    else { return false }
+    logger.info("account limit reached: stopping an account in its grace period", metadata: ["account": victim.label])
+    victim.graceTimer = nil
+    stopLoop(victim)
+    victim.feed.assumeIsolated { $0.pause() }
+    return activeCount < settings.maxActiveAccounts
+  }
+
+  func makeRoomForRetained() -> Bool {
+    guard accounts.count >= settings.maxRetainedAccounts else { return true }
+    guard let victim = leastRecentlyUsedIdle() else { return false }
+    evict(victim, reason: "max_retained_accounts")
+    return accounts.count < settings.maxRetainedAccounts
+  }
+
+  func leastRecentlyUsedIdle() -> Account? {
+    accounts.values.filter { !$0.isActive && $0.subscribers == 0 }.min { $0.lastUsed < $1.lastUsed }
+  }
+
+  func evict(_ account: Account, reason: String) {
+    let final = account.feed.assumeIsolated { $0.statistics() }
+    highWater = max(highWater, final.headID)
+    retiredFeeds.absorb(
+      FeedStatistics(
+        subscribersTotal: final.subscribersTotal, eventsPublished: final.eventsPublished,
+        replayedEvents: final.replayedEvents, resumes: final.resumes, resetsByReason: final.resetsByReason,
+        slowConsumerDisconnects: final.slowConsumerDisconnects, agedOut: final.agedOut,
+        heartbeatsSent: final.heartbeatsSent, bytesQueued: final.bytesQueued, ringEvicted: final.ringEvicted))
+    account.graceTimer = nil
+    account.feed.assumeIsolated { $0.pause() }
+    upstream.store.drop(feed: account.feed.storeKey)
+    accounts[account.key] = nil
+    stats.retainedAccounts = accounts.count
+    stats.evictions[reason, default: 0] += 1
+    logger.info("account evicted: its ring is dropped", metadata: ["account": account.label, "reason": reason])
+  }
+
+  /// Ages the rings of idle accounts (their feeds' timers are stopped) and evicts idle accounts, least recently
+  /// used first, while the ring bytes over all accounts pass the bound.
+  func enforceBounds() {
+    var total = 0
+    for account in accounts.values {
+      total += account.feed.assumeIsolated { feed in
+        if !account.isActive { feed.evictExpired() }
+        return feed.ringBytes
+      }
+    }
+    stats.ringBytes = total
+    guard total > settings.maxTotalRingBytes else { return }
+    let idle = accounts.values.filter { !$0.isActive && $0.subscribers == 0 }.sorted { $0.lastUsed < $1.lastUsed }
+    for account in idle where total > settings.maxTotalRingBytes {
+      total -= account.feed.assumeIsolated { $0.ringBytes }
+      evict(account, reason: "max_total_ring_bytes")
+    }
+    if total > settings.maxTotalRingBytes {
+      total -= shrinkRings(by: total - settings.maxTotalRingBytes * 9 / 10)
+    }
+    stats.ringBytes = total
+  }
+
+  /// Every account left is in use: the largest rings give up their oldest events (half of each at most per pass)
+  /// until `excess` bytes are freed. A resume from before what was dropped gets `reset` `too_old`, as with any
+  /// ring eviction. Returns the bytes freed.
+  func shrinkRings(by excess: Int) -> Int {
+    var sizes = accounts.values.map { account in (account, account.feed.assumeIsolated { $0.ringBytes }) }
+    sizes.sort { $0.1 > $1.1 }
+    var freed = 0
+    for (account, size) in sizes where freed < excess && size > 0 {
+      let give = min(excess - freed, max(1, size / 2))
+      freed += account.feed.assumeIsolated { $0.shrinkRing(toBytes: size - give) }
+    }
+    stats.ringTrims += 1
+    logger.limited(
+      .warning, "ring bytes over all accounts passed the bound with every account in use: oldest events dropped",
+      metadata: ["freed": String(freed), "bound": String(settings.maxTotalRingBytes)], limiter: &logLimiter)
+    return freed
+  }
+
+  // MARK: Introspection and shutdown
+
+  public func statistics() -> Statistics {
+    var snapshot = stats
+    snapshot.activeAccounts = activeCount
+    snapshot.retainedAccounts = accounts.count
+    snapshot.pendingChecks = checking.count
+    var inFlight = 0
+    var maxPerAccount = 0
+    var subscribers = 0
+    var feeds = retiredFeeds
+    for account in accounts.values {
+      subscribers += account.subscribers
+      feeds.absorb(account.feed.assumeIsolated { $0.statistics() })
+      guard let worker = account.worker else { continue }
+      let (now, most) = worker.assumeIsolated { ($0.statistics.pollsInFlight, $0.statistics.maxPollsInFlight) }
+      inFlight += now
+      maxPerAccount = max(maxPerAccount, most)
+    }
+    snapshot.pollsInFlight = inFlight
+    snapshot.maxPollsInFlightPerAccount = maxPerAccount
+    snapshot.subscribers = subscribers
+    snapshot.feeds = feeds
+    return snapshot
+  }
+
+  /// `/readyz`: not ready while the legacy API could not be reached for the last key check and no account's loop
+  /// is live (new subscribers would all get 503); ready otherwise.
+  public func readiness() -> (ready: Bool, reason: String) {
+    let live = accounts.values.contains { $0.worker?.assumeIsolated { $0.state == .live } ?? false }
+    if let failed = lastUnreachable, failed > lastReached ?? 0, !live {
+      return (false, "the legacy API could not be reached to check a key, and no account is live")
+    }
+    return (true, "per-user relaying: \(activeCount) accounts active")
+  }
+
+  /// The account with this key (`user:<id>`), if kept (tests, introspection).
+  public func account(_ key: String) -> Account? { accounts[key] }
+
+  /// Stops every loop (nothing new is admitted), then ends every account's streams, spread over `spread`
+  /// seconds. Returns how many streams were ended.
+  public func shutdown(comment: String, spread: Double) async -> Int {
+    stopped = true
+    boundsTimer = nil
+    recheckTimer = nil
+    for account in accounts.values {
+      account.graceTimer = nil
+      stopLoop(account)
+    }
+    var ended = 0
+    for account in accounts.values {
+      ended += await account.feed.finishAll(comment: comment, spread: spread)
+    }
+    return ended
+  }
+}

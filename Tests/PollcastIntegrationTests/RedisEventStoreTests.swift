@@ -29,7 +29,7 @@ import Testing
       }
     }
 
-    func lease(token: String?, milliseconds: Int) async -> RedisEventStore.LeaseAnswer {
+    func lease(token: String?, milliseconds: Int) async -> LeaseAnswer {
       await withCheckedContinuation { continuation in
         loop.execute { [store] in
           store.lease(feed: "shared", token: token, milliseconds: milliseconds) { continuation.resume(returning: $0) }

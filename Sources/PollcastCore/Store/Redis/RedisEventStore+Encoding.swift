@@ -58,19 +58,9 @@ extension RedisEventStore {
     return chunk.events
   }
 
-  /// A chunk of stream entries as read while running: the Pollcast events, the entries that are not (written by
-  /// hand or by another tool, cut short, out of order), which are skipped and counted, never relayed, and the
-  /// highest entry id seen, so a reader goes on after it and a new leader above it.
-  struct EntryChunk {
-    var events: [StoredEvent] = []
-    var skipped: [String] = []
-    var highest: UInt64?
-    var count: Int { events.count + skipped.count }
-  }
-
-  func parseEntries(_ reply: RedisReply, skipping: Bool) throws(StoreError) -> EntryChunk {
+  func parseEntries(_ reply: RedisReply, skipping: Bool) throws(StoreError) -> StoreChunk {
     guard let entries = reply.elements else { throw unexpected(reply) }
-    var chunk = EntryChunk()
+    var chunk = StoreChunk()
     chunk.events.reserveCapacity(entries.count)
     for entry in entries {
       let name = entry.elements?.first?.text ?? "?"

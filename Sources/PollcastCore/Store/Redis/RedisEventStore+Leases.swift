@@ -4,17 +4,6 @@ import Foundation
 /// Leases and reads, for `FeedReplica`, on the loop: taking and renewing a feed's lease, its meta, reading it in
 /// chunks, and following it (`RedisFollowReads`).
 extension RedisEventStore {
-  public enum LeaseAnswer: Sendable, Equatable {
-    /// This node holds the lease with `token` (`fresh`: newly taken, not renewed).
-    case held(token: String, fresh: Bool)
-    /// Another node holds it (`repaired`: the lease had no expiry, and now has one).
-    case heldBy(String, repaired: Bool = false)
-    /// The feed was filled from another source than this node's: it must not be led, followed or served.
-    case foreign(String)
-    /// Redis did not answer.
-    case failed(String)
-  }
-
   /// Takes the lease of `feed` when nobody holds it, or renews it when `token` holds it.
   func lease(feed: String, token: String?, milliseconds: Int, completion: @escaping (LeaseAnswer) -> Void) {
     guard let command, command.isConnected else {
@@ -63,7 +52,7 @@ extension RedisEventStore {
   }
 
   /// One chunk of `feed`'s events after `id` (at most `chunk`), on the command connection.
-  func read(feed: String, after id: UInt64, completion: @escaping (Result<EntryChunk, StoreError>) -> Void) {
+  func read(feed: String, after id: UInt64, completion: @escaping (Result<StoreChunk, StoreError>) -> Void) {
     guard let command, command.isConnected else {
       completion(.failure(address.unavailable("redis unreachable")))
       return
@@ -83,7 +72,7 @@ extension RedisEventStore {
 
   /// Waits (a blocking `XREAD` on the reader connection, shared by every feed followed: `RedisFollowReads`) for
   /// `feed`'s events after `id`, until some come or reading fails.
-  func follow(feed: String, after id: UInt64, completion: @escaping (Result<EntryChunk, StoreError>) -> Void) {
+  func follow(feed: String, after id: UInt64, completion: @escaping (Result<StoreChunk, StoreError>) -> Void) {
     followReads.follow(feed: feed, after: id, completion: completion)
   }
 

@@ -20,7 +20,7 @@ import Foundation
 /// followers' blocking `XREAD`, which would hold up the commands behind it). Both reconnect with full-jitter
 /// backoff. A commit whose reply was lost with the connection is *in doubt*: its completion waits until the
 /// connection is back and the stored head tells whether it landed.
-public final class RedisEventStore: EventStore, @unchecked Sendable {
+public final class RedisEventStore: SharedStore, @unchecked Sendable {
   public let address: RedisAddress
   public let prefix: String
   /// This process's name in leases (`<host>-<pid>-<random>`): a restarted node never mistakes an old lease for
@@ -80,6 +80,7 @@ public final class RedisEventStore: EventStore, @unchecked Sendable {
   // MARK: Connections
 
   public var sharedAcrossNodes: Bool { true }
+  var readChunk: Int { RedisEventStore.chunk }
 
   /// The lease owner: the node that holds the feed's lease polls with `worker`, the others follow the stream.
   public func owner(

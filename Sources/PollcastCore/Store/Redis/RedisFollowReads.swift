@@ -12,7 +12,7 @@ import Foundation
 ///
 /// Loop-confined (the store's loop), like the store's connections.
 final class RedisFollowReads: @unchecked Sendable {  // loop-confined
-  typealias Completion = (Result<RedisEventStore.EntryChunk, StoreError>) -> Void
+  typealias Completion = (Result<StoreChunk, StoreError>) -> Void
 
   private struct Registration {
     var after: UInt64
@@ -108,7 +108,7 @@ final class RedisFollowReads: @unchecked Sendable {  // loop-confined
   private func answered(_ reply: RedisReply?) {
     guard let named = inRead else { return }
     inRead = nil
-    var woken: [(Registration, Result<RedisEventStore.EntryChunk, StoreError>)] = []
+    var woken: [(Registration, Result<StoreChunk, StoreError>)] = []
     switch reply {
     case nil:
       fail("redis connection lost")

@@ -1,23 +1,26 @@
 import Foundation
 
-/// One feed's part in a cluster on `store.kind = redis`: either this node leads it (holds the lease, runs the
-/// upstream loop, commits) or it follows the feed's stream (blocking reads) and fans out what the leader wrote.
+/// The lease owner of one feed on a store several nodes share (`SharedStore`; `store.kind = redis` today): either
+/// this node leads the feed (holds its lease, runs its upstream loop, commits) or it follows what the leader
+/// stored and fans it out. The shared feed has one; in per-user relaying every account a node serves has one.
 ///
 /// - Every `leaseSeconds / 4` the node renews its lease, or tries to take it when nobody holds it. A leader whose
 ///   renewal has not succeeded steps down (stops polling) at `0.8 × leaseSeconds` after it sent its last
-///   successful renewal, before Redis can let the lease expire, so two nodes never poll at once; the commit
+///   successful renewal, before the store can let the lease expire, so two nodes never poll at once; the commit
 ///   script's fencing catches anything that still arrives late.
-/// - Taking over: read the stream from this node's head to its end (chunks), read the stored head and cursors,
+/// - Taking over: read the feed from this node's head to its end (chunks), read the stored head and cursors,
 ///   renew once more, then let commits through, allocate ids above the stored head and poll on from the cursor.
-/// - Following: `XREAD BLOCK` from this node's head on the reader connection, re-issued after each answer. Once
-///   the connection is back after a loss, a stored floor above the head means events were trimmed before this
-///   node read them: its streams end, and their clients get the resume rules' `reset`.
+/// - Following: the store's blocking reads from this node's head (every feed followed shares them). Once the
+///   connection is back after a loss (or the replica starts again), a stored floor above the head means events
+///   were trimmed before this node read them: its streams end, and their clients get the resume rules' `reset`.
+/// - `stop()` gives the lease back at once; `resume(worker:)` starts again (an account whose grace ended here
+///   and whose subscriber came back). Answers to requests of an earlier run are ignored.
 public actor FeedReplica {
   public enum Role: String, Sendable { case follower, leader, stopped }
 
   public nonisolated let loop: EventLoop
   public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
-  let store: RedisEventStore
+  let store: any SharedStore
   let feed: Feed
   /// Polls while this node leads (an account's is replaced each time its loop starts here, with a current key).
   private(set) var worker: UpstreamWorker?
@@ -65,8 +68,8 @@ public actor FeedReplica {
     public var lastTakeoverSeconds = 0.0
   }
 
-  public init(
-    store: RedisEventStore, feed: Feed, worker: UpstreamWorker?, leaseSeconds: Double, logger: Logger,
+  init(
+    store: any SharedStore, feed: Feed, worker: UpstreamWorker?, leaseSeconds: Double, logger: Logger,
     restored: StoredFeed?
   ) {
     self.loop = feed.loop
@@ -146,7 +149,7 @@ public actor FeedReplica {
     }
   }
 
-  private func answered(_ answer: RedisEventStore.LeaseAnswer, sent: Double) {
+  private func answered(_ answer: LeaseAnswer, sent: Double) {
     guard role != .stopped, !takingOver else { return }
     if foreignSource != nil, answer != .foreign(foreignSource ?? "") {
       if case .failed = answer {
@@ -223,7 +226,7 @@ public actor FeedReplica {
         case .failure(let error): replica.caughtUp(.failure(error))
         case .success(let chunk):
           replica.show(chunk)
-          if chunk.count == RedisEventStore.chunk {
+          if chunk.count == replica.store.readChunk {
             replica.catchUp()
           } else {
             replica.store.meta(feed: replica.feedName) { [weak replica] result in
@@ -407,7 +410,7 @@ public actor FeedReplica {
     }
   }
 
-  private func show(_ chunk: RedisEventStore.EntryChunk) {
+  private func show(_ chunk: StoreChunk) {
     if let highest = chunk.highest { readCursor = max(readCursor, highest) }
     if !chunk.skipped.isEmpty {
       logger.error(

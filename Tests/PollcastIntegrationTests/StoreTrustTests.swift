@@ -167,7 +167,7 @@ import Testing
       #expect(ids.last.map { $0 > head + 1000 } == true, "the next id goes above the foreign entry: \(ids)")
     }
     let skipped = [a.feed.store.statistics().foreignEntries, b.feed.store.statistics().foreignEntries]
-    #expect(skipped.allSatisfy { $0 >= 1 }, "\(skipped)")
+    #expect(skipped.allSatisfy { ($0 ?? 0) >= 1 }, "\(skipped)")
     await a.shutdown(deadline: 2)
     await b.shutdown(deadline: 2)
     await fixture.shutdown()

@@ -169,11 +169,11 @@ public enum Metrics {
       if let connected = store.connected {
         one("pollcast_redis_connected", "gauge", "1 while the Redis command connection is up.", connected ? 1 : 0)
       }
-      if store.kind == "redis" {
+      if let foreignEntries = store.foreignEntries {
         one(
           "pollcast_redis_foreign_entries_total", "counter",
           "Stream entries no relay wrote (by hand, another tool, cut short): skipped while reading, never relayed.",
-          store.foreignEntries)
+          foreignEntries)
       }
       if let role = store.role {
         metric(

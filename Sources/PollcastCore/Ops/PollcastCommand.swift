@@ -104,10 +104,7 @@ public enum PollcastCommand {
       logger.error(
         "cannot open the store", metadata: ["path": error.path, "kind": error.kind.rawValue, "error": error.message])
       printError(
-        "Error: \(error)\n"
-          + (error.kind == .corrupt && !error.path.hasPrefix("redis://") && !error.path.hasPrefix("unix://")
-            ? "  The file was left as it is. To start with an empty store instead, move it aside or set"
-              + " store.reset_if_corrupt (--store-reset-if-corrupt true).\n" : ""))
+        "Error: \(error)\n" + (error.hint.map { "  \($0)\n" } ?? ""))
       await demo?.stop()
       // A store of another source is a configuration mistake (this relay points at the wrong store or API).
       return error.kind == .sourceMismatch ? exitConfig : exitStore

@@ -218,8 +218,9 @@ public struct StoreStatistics: Sendable {
   public var role: String?
   public var connected: Bool?
   public var replication: FeedReplica.Statistics?
-  /// `store.kind = redis`: stream entries skipped while reading because no relay wrote them.
-  public var foreignEntries = 0
+  /// `store.kind = redis`: stream entries skipped while reading because no relay wrote them (nil: a store that
+  /// cannot hold entries no relay wrote).
+  public var foreignEntries: Int?
 
   public init(kind: String = "memory") { self.kind = kind }
 }
@@ -243,11 +244,14 @@ public struct StoreError: Error, CustomStringConvertible, Sendable, Equatable {
   public var kind: Kind
   public var path: String
   public var message: String
+  /// What the operator can do about it, in the store's own terms (printed under the error at start).
+  public var hint: String?
 
-  public init(_ kind: Kind, path: String, _ message: String) {
+  public init(_ kind: Kind, path: String, _ message: String, hint: String? = nil) {
     self.kind = kind
     self.path = path
     self.message = message
+    self.hint = hint
   }
 
   public var description: String { "store \(path): \(message)" }

@@ -56,6 +56,10 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
   ) throws(StoreError) -> SQLiteEventStore {
     do {
       return try SQLiteEventStore(path: path, synchronous: synchronous, source: source)
+    } catch
+      where !((error.kind == .corrupt && resetIfCorrupt) || (error.kind == .sourceMismatch && resetOnSourceChange))
+    {
+      throw hinted(error)
     } catch  where (error.kind == .corrupt && resetIfCorrupt) || (error.kind == .sourceMismatch && resetOnSourceChange)
     {
       let why = error.kind == .corrupt ? "corrupt" : "source"
@@ -239,7 +243,21 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
         return .failure(error)
       }
     }
-    return try result.get()
+    do {
+      return try result.get()
+    } catch {
+      throw SQLiteEventStore.hinted(error)
+    }
+  }
+
+  /// A damaged file is left as it is: the error says how to start afresh.
+  static func hinted(_ error: StoreError) -> StoreError {
+    guard error.kind == .corrupt, error.hint == nil else { return error }
+    var hinted = error
+    hinted.hint =
+      "The file was left as it is. To start with an empty store instead, move it aside or set"
+      + " store.reset_if_corrupt (--store-reset-if-corrupt true)."
+    return hinted
   }
 
   public func load(feed: String, completion: @escaping @Sendable (Result<StoredFeed?, StoreError>) -> Void) {

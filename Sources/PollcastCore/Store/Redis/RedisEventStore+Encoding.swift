@@ -75,7 +75,7 @@ extension RedisEventStore {
       }
       chunk.events.append(event)
     }
-    if !chunk.skipped.isEmpty { stats.withLock { $0.foreignEntries += chunk.skipped.count } }
+    if !chunk.skipped.isEmpty { stats.withLock { $0.foreignEntries = ($0.foreignEntries ?? 0) + chunk.skipped.count } }
     return chunk
   }
 

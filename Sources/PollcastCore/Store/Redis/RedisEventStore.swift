@@ -55,7 +55,12 @@ public final class RedisEventStore: SharedStore, @unchecked Sendable {
   var watchdog: LoopTimer?
   var closed = false
   var observers: [String: () -> Void] = [:]
-  let stats = Locked(StoreStatistics(kind: "redis"))
+  let stats = Locked(
+    {
+      var stats = StoreStatistics(kind: "redis")
+      stats.foreignEntries = 0
+      return stats
+    }())
   let health = Locked<(connected: Bool, error: String?)>((false, nil))
 
   public init(

@@ -102,6 +102,21 @@ import Testing
     }
     let holders = Self.accounts.map { Self.holder(of: $0, redis: redis) }
     #expect(!holders.contains(nil), "every account has a lease holder: \(holders)")
+    // `/metrics`: the nodes' leases add up to one per account.
+    func leasesHeld() -> [Int] {
+      nodes.compactMap { node in
+        guard let node, let body = try? httpGet(port: node.port, "/metrics").body,
+          let line = body.split(separator: "\n").first(where: { $0.hasPrefix("pollcast_account_leases_held ") })
+        else { return nil }
+        return Int(line.split(separator: " ").last ?? "")
+      }
+    }
+    var held = leasesHeld()
+    while held.reduce(0, +) != Self.accounts.count && MonotonicClock.seconds() - settle < 15 * timingFactor {
+      pump(0.05)
+      held = leasesHeld()
+    }
+    #expect(held.count == 3 && held.reduce(0, +) == Self.accounts.count, "leases held per node: \(held)")
 
     let publisher = Publisher(fixture: fixture, users: Self.accounts)
     pump(1 * timingFactor)

@@ -99,9 +99,19 @@ extension AccountHub {
     var maxPerAccount = 0
     var subscribers = 0
     var feeds = retiredFeeds
+    var replication: FeedReplica.Statistics?
+    var leasesHeld: Int?
     for account in accounts.values {
       subscribers += account.subscribers
       feeds.absorb(account.feed.assumeIsolated { $0.statistics() })
+      // A store shared across nodes: what the accounts' lease owners did here.
+      var owned = StoreStatistics()
+      account.owner.describeOnLoop(&owned)
+      if let figures = owned.replication {
+        replication = replication ?? FeedReplica.Statistics()
+        replication?.absorb(figures)
+        leasesHeld = (leasesHeld ?? 0) + (owned.role == FeedReplica.Role.leader.rawValue ? 1 : 0)
+      }
       guard let worker = account.worker else { continue }
       let (now, most) = worker.assumeIsolated { ($0.statistics.pollsInFlight, $0.statistics.maxPollsInFlight) }
       inFlight += now
@@ -111,6 +121,8 @@ extension AccountHub {
     snapshot.maxPollsInFlightPerAccount = maxPerAccount
     snapshot.subscribers = subscribers
     snapshot.feeds = feeds
+    snapshot.replication = replication
+    snapshot.leasesHeld = leasesHeld
     return snapshot
   }
 

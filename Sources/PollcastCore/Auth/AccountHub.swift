@@ -146,6 +146,10 @@ public actor AccountHub {
     public var ringTrims = 0
     /// Loops restarted because a grace period ended between a subscriber's check and its attach.
     public var restartsBeforeAttach = 0
+    /// A store shared across nodes: the accounts' lease owners here, summed (nil otherwise), and how many
+    /// accounts this node polls because it holds their lease.
+    public var replication: FeedReplica.Statistics?
+    public var leasesHeld: Int?
     /// Every account's feed counted together (accounts evicted earlier included, so counters never go down;
     /// gauges such as subscribers and ring sizes cover kept accounts only).
     public var feeds = FeedStatistics()

@@ -66,6 +66,19 @@ public actor FeedReplica {
     public var leaseRepairs = 0
     /// Seconds from the takeover's first lease answer until this node polled (catch-up included).
     public var lastTakeoverSeconds = 0.0
+
+    public init() {}
+
+    /// Adds another replica's counters (per-user relaying: every account a node serves has one).
+    public mutating func absorb(_ other: Statistics) {
+      leaseAcquisitions += other.leaseAcquisitions
+      leaseLosses += other.leaseLosses
+      followedEvents += other.followedEvents
+      gaps += other.gaps
+      storeLosses += other.storeLosses
+      leaseRepairs += other.leaseRepairs
+      lastTakeoverSeconds = max(lastTakeoverSeconds, other.lastTakeoverSeconds)
+    }
   }
 
   init(

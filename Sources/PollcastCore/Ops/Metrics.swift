@@ -143,6 +143,11 @@ public enum Metrics {
       one(
         "pollcast_account_max_polls_in_flight", "gauge", "Most polls one account had in flight at once (1).",
         accounts.maxPollsInFlightPerAccount)
+      if let held = accounts.leasesHeld {
+        one(
+          "pollcast_account_leases_held", "gauge",
+          "Accounts this node polls because it holds their lease (a store shared across nodes).", held)
+      }
     }
     if let store {
       metric(

@@ -143,6 +143,11 @@ public final class Relay: Sendable {
         owner.describeOnLoop(&store)
         let upstream = worker?.assumeIsolated { $0.snapshot() }
         let accounts = hub?.assumeIsolated { $0.statistics() }
+        // Per-user relaying on a shared store: the lease counters are the accounts' (and the shared feed's).
+        if let replication = accounts?.replication {
+          store.replication = store.replication ?? FeedReplica.Statistics()
+          store.replication?.absorb(replication)
+        }
         let protection = server?.assumeIsolated { $0.protectionCounters }
         return (
           200, "text/plain; version=0.0.4; charset=utf-8",

@@ -60,13 +60,24 @@ extension EventStore {
 
 /// Where the upstream loop stands: the streams it polls and the cursor of each (the newest upstream id whose
 /// message is stored). Restored at start, so polling goes on from there.
+///
+/// The one position type: the worker's (`UpstreamWorker.Position`) is this, with `recent` filled in memory.
 public struct FeedPosition: Sendable, Equatable {
   public var streams: [String]
   public var cursors: [String: UInt64]
+  /// The ids relayed lately per stream (in memory only, never stored: rebuilt from the stored events): an
+  /// upstream that resends its last page after a restart is then recognised as resending (dropped), not as ids
+  /// going backwards (relayed again).
+  var recent: [String: RecentIDs] = [:]
 
   public init(streams: [String], cursors: [String: UInt64]) {
     self.streams = streams
     self.cursors = cursors
+  }
+
+  /// Equal when they stand at the same place (what is stored); `recent` is a memory of it.
+  public static func == (lhs: FeedPosition, rhs: FeedPosition) -> Bool {
+    lhs.streams == rhs.streams && lhs.cursors == rhs.cursors
   }
 }
 

@@ -179,34 +179,26 @@ struct CursorBook: Sendable {
 }
 
 extension UpstreamWorker {
-  /// Where polling stands: the streams and their cursors. A worker started later with `restore(_:)` polls on from
-  /// there (per-user relaying stops an idle account's worker and makes a new one when a subscriber returns).
-  public struct Position: Sendable {
-    public var streams: [String]
-    public var cursors: [String: UInt64]
-    /// The ids relayed lately per stream: an upstream that resends its last page after the restart is then
-    /// recognised as resending (dropped), not as ids going backwards (relayed again).
+  /// Where polling stands: the stored position, with the ids relayed lately (`FeedPosition.recent`). A worker
+  /// started later with `restore(_:)` polls on from there (per-user relaying stops an idle account's worker and
+  /// makes a new one when a subscriber returns).
+  public typealias Position = FeedPosition
+}
+
+extension FeedPosition {
+  init(streams: [String], cursors: [String: UInt64], recent: [String: RecentIDs]) {
+    self.init(streams: streams, cursors: cursors)
+    self.recent = recent
+  }
+
+  /// A position read from the store: the stored events' upstream ids count as relayed lately.
+  public init(stored: FeedPosition, events: [StoredEvent]) {
     var recent: [String: RecentIDs] = [:]
-
-    public init(streams: [String], cursors: [String: UInt64]) {
-      self.streams = streams
-      self.cursors = cursors
+    for event in events {
+      guard let stream = event.stream, let id = event.upstreamID else { continue }
+      recent[stream, default: RecentIDs()].insert(id)
     }
-
-    init(streams: [String], cursors: [String: UInt64], recent: [String: RecentIDs]) {
-      self.init(streams: streams, cursors: cursors)
-      self.recent = recent
-    }
-
-    /// A position read from the store: the stored events' upstream ids count as relayed lately.
-    public init(stored: FeedPosition, events: [StoredEvent]) {
-      var recent: [String: RecentIDs] = [:]
-      for event in events {
-        guard let stream = event.stream, let id = event.upstreamID else { continue }
-        recent[stream, default: RecentIDs()].insert(id)
-      }
-      self.init(streams: stored.streams, cursors: stored.cursors, recent: recent)
-    }
+    self.init(streams: stored.streams, cursors: stored.cursors, recent: recent)
   }
 }
 

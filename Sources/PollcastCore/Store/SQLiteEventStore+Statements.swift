@@ -1,8 +1,40 @@
 import CSQLite
 import Foundation
 
-/// SQLite helpers, on the store's `queue` only: statements, bindings and errors with their hints.
+/// SQLite helpers, on the store's `queue` only: statements, bindings and errors with their hints; and the kept
+/// secret of account names.
 extension SQLiteEventStore {
+  /// Kept in `meta` as hex; made on first use.
+  public func accountKeySecret() throws(StoreError) -> [UInt8]? {
+    let result: Result<[UInt8], StoreError> = queue.sync {
+      do throws(StoreError) {
+        if let hex = try metaValue("account_key_secret") {
+          // Replacing it would rename every such account, silently: a damaged one is refused.
+          guard let kept = [UInt8](hex: hex), kept.count == 32 else {
+            throw StoreError(.corrupt, path: path, "meta.account_key_secret is not 32 bytes of hex")
+          }
+          return .success(kept)
+        }
+        let made = AccountKeys.freshSecret()
+        try setMeta("account_key_secret", made.lowercaseHex)
+        return .success(made)
+      } catch {
+        return .failure(error)
+      }
+    }
+    return try result.get()
+  }
+
+  /// A damaged file is left as it is: the error says how to start afresh.
+  static func hinted(_ error: StoreError) -> StoreError {
+    guard error.kind == .corrupt, error.hint == nil else { return error }
+    var hinted = error
+    hinted.hint =
+      "The file was left as it is. To start with an empty store instead, move it aside or set"
+      + " store.reset_if_corrupt (--store-reset-if-corrupt true)."
+    return hinted
+  }
+
   func statement(_ sql: String) throws(StoreError) -> OpaquePointer {
     if let prepared = statements[sql] { return prepared }
     var prepared: OpaquePointer?

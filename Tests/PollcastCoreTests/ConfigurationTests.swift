@@ -239,6 +239,14 @@ import Testing
     config.generic.urlTemplate = "http://legacy/feed?after={cursor}"
     config.generic.headers = ["Authorization: Bearer {credential}"]
     #expect(config.problems().isEmpty)
+    // On several nodes too: per-user relaying on redis, with an account grace of its own; the shared feed on
+    // redis cannot idle (its leader polls for every node's subscribers).
+    config.store.kind = "redis"
+    config.upstream.idleAfterSeconds = 5
+    #expect(config.problems().isEmpty)
+    #expect(config.accountSettings.grace == 5)
+    config.auth.mode = "none"
+    #expect(config.problems().contains { $0.hasPrefix("upstream.idle_after_seconds") })
   }
 
   @Test func upstreamProblemsAreReported() {

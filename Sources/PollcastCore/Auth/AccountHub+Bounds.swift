@@ -105,12 +105,10 @@ extension AccountHub {
       subscribers += account.subscribers
       feeds.absorb(account.feed.assumeIsolated { $0.statistics() })
       // A store shared across nodes: what the accounts' lease owners did here.
-      var owned = StoreStatistics()
-      account.owner.describeOnLoop(&owned)
-      if let figures = owned.replication {
+      if let (figures, role) = account.owner.replicationOnLoop() {
         replication = replication ?? FeedReplica.Statistics()
         replication?.absorb(figures)
-        leasesHeld = (leasesHeld ?? 0) + (owned.role == FeedReplica.Role.leader.rawValue ? 1 : 0)
+        leasesHeld = (leasesHeld ?? 0) + (role == .leader ? 1 : 0)
       }
       guard let worker = account.worker else { continue }
       let (now, most) = worker.assumeIsolated { ($0.statistics.pollsInFlight, $0.statistics.maxPollsInFlight) }

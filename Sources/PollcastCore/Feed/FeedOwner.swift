@@ -17,8 +17,17 @@ public protocol FeedOwner: AnyObject, Sendable {
   nonisolated func stopOnLoop()
   /// `/readyz`, on the loop.
   nonisolated func readinessOnLoop() -> (ready: Bool, reason: String)
+  /// `/metrics`, on the loop: a lease owner's counters and role (nil: this node polls, no lease).
+  nonisolated func replicationOnLoop() -> (statistics: FeedReplica.Statistics, role: FeedReplica.Role)?
+}
+
+extension FeedOwner {
   /// `/metrics`, on the loop: what the owner adds to the store's figures (role, replication).
-  nonisolated func describeOnLoop(_ statistics: inout StoreStatistics)
+  public func describeOnLoop(_ statistics: inout StoreStatistics) {
+    guard let (replication, role) = replicationOnLoop() else { return }
+    statistics.replication = replication
+    statistics.role = role.rawValue
+  }
 }
 
 /// This node polls the feed's upstream with `worker` (nil: no upstream configured).
@@ -42,7 +51,7 @@ public final class LocalOwner: FeedOwner, @unchecked Sendable {  // `worker` cha
     worker?.assumeIsolated { $0.readiness() } ?? (true, "no upstream configured")
   }
 
-  public func describeOnLoop(_ statistics: inout StoreStatistics) {}
+  public func replicationOnLoop() -> (statistics: FeedReplica.Statistics, role: FeedReplica.Role)? { nil }
 }
 
 extension FeedReplica: FeedOwner {
@@ -53,9 +62,7 @@ extension FeedReplica: FeedOwner {
     assumeIsolated { $0.readiness() }
   }
 
-  public nonisolated func describeOnLoop(_ statistics: inout StoreStatistics) {
-    let (replication, role) = assumeIsolated { ($0.statistics, $0.role.rawValue) }
-    statistics.replication = replication
-    statistics.role = role
+  public nonisolated func replicationOnLoop() -> (statistics: FeedReplica.Statistics, role: FeedReplica.Role)? {
+    assumeIsolated { ($0.statistics, $0.role) }
   }
 }

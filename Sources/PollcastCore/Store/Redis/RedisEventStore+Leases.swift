@@ -79,11 +79,6 @@ extension RedisEventStore {
   /// `feed` is no longer followed here (this node leads it now, or stopped serving it).
   func unfollow(feed: String) { followReads.unfollow(feed: feed) }
 
-  var readerConnection: RedisConnection? { reader }
-  var commandConnection: RedisConnection? { command }
-  /// Blocking reads sent, and reads unblocked for a feed that began following (`/metrics`, benchmarks).
-  var followReadCounts: (reads: Int, unblocks: Int) { (followReads.reads, followReads.unblocks) }
-
   static let chunk = 500
   static let blockSeconds = 1.0
 }

@@ -30,14 +30,12 @@ final class RedisFollowReads: @unchecked Sendable {  // loop-confined
   private var unblockSent = false
   /// The reader connection's `CLIENT ID` (asked on each connect), for `CLIENT UNBLOCK`.
   private var readerID: String?
-  private(set) var reads = 0
-  private(set) var unblocks = 0
 
   init(store: RedisEventStore) { self.store = store }
 
   /// Tells `completion` of `feed`'s events after `id`, once some are in the stream (or the read failed).
   func follow(feed: String, after id: UInt64, completion: @escaping Completion) {
-    guard let reader = store.readerConnection, reader.isConnected else {
+    guard let reader = store.reader, reader.isConnected else {
       completion(.failure(store.address.unavailable("redis unreachable")))
       return
     }
@@ -67,15 +65,14 @@ final class RedisFollowReads: @unchecked Sendable {  // loop-confined
   }
 
   private func unblock() {
-    guard !unblockSent, let readerID, let command = store.commandConnection, command.isConnected else { return }
+    guard !unblockSent, let readerID, let command = store.command, command.isConnected else { return }
     unblockSent = true
-    unblocks += 1
     command.send(RedisEventStore.arguments(["CLIENT", "UNBLOCK", readerID])) { _ in }
   }
 
   private func issue() {
     guard inRead == nil, !registered.isEmpty else { return }
-    guard let reader = store.readerConnection, reader.isConnected else { return fail("redis unreachable") }
+    guard let reader = store.reader, reader.isConnected else { return fail("redis unreachable") }
     var named: [[UInt8]: (feed: String, after: UInt64)] = [:]
     named.reserveCapacity(registered.count)
     var keys: [[UInt8]] = []
@@ -89,7 +86,6 @@ final class RedisFollowReads: @unchecked Sendable {  // loop-confined
     }
     inRead = named
     unblockSent = false
-    reads += 1
     let head = RedisEventStore.arguments([
       "XREAD", "COUNT", String(RedisEventStore.chunk), "BLOCK", String(Int(RedisEventStore.blockSeconds * 1000)),
       "STREAMS",

@@ -27,45 +27,12 @@ import Testing
     return answer[range.upperBound...].first?.wholeNumberValue
   }
 
-  /// Messages to random accounts every 2–4 ms, recorded per account as the fixture accepts them.
-  final class Publisher: Sendable {
-    private let accepted = Locked<[String: [UInt64]]>([:])
-    private let publishing = Locked(true)
-    private let task: Task<Void, Never>
-
-    init(fixture: LegacyFixture, users: [String]) {
-      let accepted = accepted
-      let publishing = publishing
-      task = Task.detached {
-        var counter = 0
-        while publishing.withLock({ $0 }) {
-          counter += 1
-          let user = users[counter % users.count]
-          let ids = await fixture.append(user: user, texts: ["m\(counter)"])
-          accepted.withLock { $0[user, default: []] += ids }
-          try? await Task.sleep(for: .milliseconds(Int.random(in: 2...4)))
-        }
-      }
-    }
-
-    func stop() async -> [String: [UInt64]] {
-      publishing.withLock { $0 = false }
-      await task.value
-      return accepted.withLock { $0 }
-    }
-  }
-
   @Test func killAPollerMoveItsSubscribersRestartRedisLoseAndRepeatNothing() async throws {
-    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-accounts-\(UUID())")
-    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-    defer { try? FileManager.default.removeItem(at: directory) }
-    let logs = (0..<3).map { directory.appendingPathComponent("node-\($0).log") }
-    for log in logs { #expect(FileManager.default.createFile(atPath: log.path, contents: nil)) }
-    func relayLog() -> String {
-      logs.map { log in
-        "\(log.lastPathComponent):\n" + String((try? String(contentsOf: log, encoding: .utf8))?.suffix(3000) ?? "")
-      }.joined(separator: "\n")
-    }
+    let nodeLogs = try NodeLogs("pollcast-accounts", nodes: 3)
+    defer { nodeLogs.remove() }
+    let directory = nodeLogs.directory
+    let logs = nodeLogs.files
+    func relayLog() -> String { nodeLogs.tails() }
 
     let redis = try RedisProcess(directory: directory)
     var options = LegacyFixture.Options()
@@ -118,7 +85,7 @@ import Testing
     }
     #expect(held.count == 3 && held.reduce(0, +) == Self.accounts.count, "leases held per node: \(held)")
 
-    let publisher = Publisher(fixture: fixture, users: Self.accounts)
+    let publisher = SteadyPublisher(fixture: fixture, users: Self.accounts)
     pump(1 * timingFactor)
 
     // 1. kill -9 the node that polls the first account (and whichever others it polls); its subscribers resume
@@ -159,7 +126,7 @@ import Testing
     }
     pump(2 * timingFactor)
 
-    let expected = await publisher.stop()
+    let expected = await publisher.stopByUser()
     let deadline = MonotonicClock.seconds() + 30 * timingFactor
     while MonotonicClock.seconds() < deadline
       && readers.contains(where: { ($0.reader.messages.last?.upstreamID ?? 0) < (expected[$0.user]?.last ?? 0) })

@@ -98,17 +98,11 @@ import Testing
   }
 
   @Test func killTheLeaderMoveAClientRestartRedisLoseAndRepeatNothing() async throws {
-    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-cluster-\(UUID())")
-    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-    defer { try? FileManager.default.removeItem(at: directory) }
-    // One log per node: processes writing one file would overwrite each other's lines.
-    let logs = (0..<3).map { directory.appendingPathComponent("node-\($0).log") }
-    for log in logs { #expect(FileManager.default.createFile(atPath: log.path, contents: nil)) }
-    func relayLog() -> String {
-      logs.map { log in
-        "\(log.lastPathComponent):\n" + String((try? String(contentsOf: log, encoding: .utf8))?.suffix(3000) ?? "")
-      }.joined(separator: "\n")
-    }
+    let nodeLogs = try NodeLogs("pollcast-cluster", nodes: 3)
+    defer { nodeLogs.remove() }
+    let directory = nodeLogs.directory
+    let logs = nodeLogs.files
+    func relayLog() -> String { nodeLogs.tails() }
 
     let redis = try RedisProcess(directory: directory)
     var options = LegacyFixture.Options()

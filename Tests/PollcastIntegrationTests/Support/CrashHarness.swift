@@ -49,32 +49,66 @@ final class RelayProcess {
   deinit { if process.isRunning { kill9() } }
 }
 
-/// The crash tests' steady stream: one message to user 101 every 2–4 ms, recorded as the fixture accepts it.
+/// The crash tests' steady stream: one message every 2–4 ms, to user 101 or in turn to each of `users`, recorded as
+/// the fixture accepts it.
 final class SteadyPublisher: Sendable {
-  private let accepted = Locked<[UInt64]>([])
+  private let accepted = Locked<[String: [UInt64]]>([:])
   private let publishing = Locked(true)
   private let task: Task<Void, Never>
+  private let users: [String]
 
-  init(fixture: LegacyFixture) {
+  init(fixture: LegacyFixture, users: [String] = ["101"]) {
+    self.users = users
     let accepted = accepted
     let publishing = publishing
     task = Task.detached {
       var counter = 0
       while publishing.withLock({ $0 }) {
         counter += 1
-        let ids = await fixture.append(user: "101", texts: ["m\(counter)"])
-        accepted.withLock { $0 += ids }
+        let user = users[counter % users.count]
+        let ids = await fixture.append(user: user, texts: ["m\(counter)"])
+        accepted.withLock { $0[user, default: []] += ids }
         try? await Task.sleep(for: .milliseconds(Int.random(in: 2...4)))
       }
     }
   }
 
-  /// Stops the stream and returns the upstream ids of every message the fixture accepted, in order.
-  func stop() async -> [UInt64] {
+  /// Stops the stream and returns the upstream ids of every message the fixture accepted, in order, per user.
+  func stopByUser() async -> [String: [UInt64]] {
     publishing.withLock { $0 = false }
     await task.value
     return accepted.withLock { $0 }
   }
+
+  /// Stops the stream and returns the first user's ids (the only user's, by default).
+  func stop() async -> [UInt64] { await stopByUser()[users[0]] ?? [] }
+}
+
+/// One log file per relay process in a fresh temporary directory (processes writing one file would overwrite
+/// each other's lines), and their tails for a failure message.
+struct NodeLogs {
+  let directory: URL
+  let files: [URL]
+
+  init(_ name: String, nodes: Int) throws {
+    let directory = FileManager.default.temporaryDirectory.appendingPathComponent("\(name)-\(UUID())")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    let files = (0..<nodes).map { directory.appendingPathComponent("node-\($0).log") }
+    for file in files where !FileManager.default.createFile(atPath: file.path, contents: nil) {
+      throw TestSSEClient.Failure(description: "cannot create \(file.path)")
+    }
+    self.directory = directory
+    self.files = files
+  }
+
+  /// The last 3,000 characters of each node's log.
+  func tails() -> String {
+    files.map { log in
+      "\(log.lastPathComponent):\n" + String((try? String(contentsOf: log, encoding: .utf8))?.suffix(3000) ?? "")
+    }.joined(separator: "\n")
+  }
+
+  func remove() { try? FileManager.default.removeItem(at: directory) }
 }
 
 /// One subscriber across reconnections: everything it received, and the last id to resume from.

@@ -101,7 +101,7 @@ import Testing
     let next = book.settled(plan)
     #expect(next == ["a": 9])
     #expect(book.cursors == ["a": 6], "settled cursors move only once stored")
-    book.moved(to: next)
+    book.moved(to: next, after: plan)
     #expect(book.cursors == ["a": 9])
   }
 

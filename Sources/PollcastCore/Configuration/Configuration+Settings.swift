@@ -124,7 +124,10 @@ extension Configuration {
     .string("log.format", \.log.format, "logfmt or json."),
     .string(
       "upstream.adapter", \.upstream.adapter,
-      "chat (the session/last/poll API) or generic (any single-stream long-poll API)."),
+      "chat (the session/last/poll API), generic (any single-stream long-poll API) or recipe (upstream.recipe)."),
+    .recipe(
+      "upstream.recipe", \.upstream.recipe,
+      "The recipe of upstream.adapter recipe: a file path, or the recipe object itself (README: Write a recipe)."),
     .string("upstream.url", \.upstream.url, "Base URL of the legacy chat API, e.g. https://legacy.example.com."),
     .string("upstream.api_key", \.upstream.apiKey, "API key for the chat API's session call (never logged)."),
     .double(

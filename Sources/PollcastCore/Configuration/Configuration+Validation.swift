@@ -89,7 +89,42 @@ extension Configuration {
 extension Configuration {
   /// Whether an upstream is configured (the relay can also run with only in-process sources).
   public var hasUpstream: Bool {
-    adapterKind == .generic ? !generic.urlTemplate.isEmpty : !upstream.url.isEmpty
+    switch adapterKind {
+    case .generic: !generic.urlTemplate.isEmpty
+    case .recipe: !upstream.recipe.isEmpty
+    default: !upstream.url.isEmpty
+    }
+  }
+
+  /// Reads `upstream.recipe` (a file, or inline JSON) and parses it against `environment`.
+  public mutating func loadRecipe(environment: [String: String]) {
+    var loaded = LoadedRecipe()
+    loaded.environment = environment
+    let source = upstream.recipe.trimmingCharacters(in: .whitespacesAndNewlines)
+    if source.isEmpty {
+      loaded.problems = ["upstream.recipe: upstream.adapter recipe needs a recipe (a file path or an object)"]
+    } else if source.hasPrefix("{") {
+      loaded.text = source
+    } else if let data = FileManager.default.contents(atPath: source) {
+      loaded.text = String(decoding: data, as: UTF8.self)
+    } else {
+      loaded.problems = ["upstream.recipe: cannot read the recipe file \(source)"]
+    }
+    if loaded.problems.isEmpty {
+      let context = Recipe.Context(
+        environment: environment, hasCredential: authMode == .upstream || !upstream.apiKey.isEmpty)
+      switch Recipe.parse(loaded.text, context: context) {
+      case .success(let recipe):
+        loaded.recipe = recipe
+        if authMode == .upstream && !recipe.usesCredential {
+          loaded.problems.append(
+            "recipe: auth.mode upstream needs the subscriber's key in a request: put {credential} in a header"
+              + " (\"Authorization\": \"Bearer {credential}\"), the query or the URL")
+        }
+      case .failure(let error): loaded.problems = error.problems
+      }
+    }
+    loadedRecipe = loaded
   }
 
   func upstreamProblems() -> [String] {
@@ -125,8 +160,10 @@ extension Configuration {
         problems.append("generic.initial_cursor: \"\(generic.initialCursor)\" is not an unsigned integer")
       }
       if !(generic.timeoutSeconds > 0) { problems.append("generic.timeout_seconds: must be greater than 0") }
+    case .recipe:
+      problems += loadedRecipe.problems
     case nil:
-      problems.append("upstream.adapter: \"\(upstream.adapter)\" is not chat or generic")
+      problems.append("upstream.adapter: \"\(upstream.adapter)\" is not chat, generic or recipe")
     }
     if UpstreamWorker.StartFrom(rawValue: upstream.startFrom) == nil {
       problems.append("upstream.start_from: \"\(upstream.startFrom)\" is not latest or earliest")
@@ -163,6 +200,10 @@ extension Configuration {
     copy.upstream.url = redactURL(copy.upstream.url)
     copy.store.redisURL = redactURL(copy.store.redisURL)
     copy.generic.urlTemplate = redactURL(copy.generic.urlTemplate)
+    if copy.upstream.recipe.hasPrefix("{") {
+      // An inline recipe may hold a token in a header or a var: its text is not shown.
+      copy.upstream.recipe = "[inline recipe, \(copy.upstream.recipe.utf8.count) bytes, not shown]"
+    }
     copy.generic.headers = copy.generic.headers.map { header in
       guard let colon = header.firstIndex(of: ":") else { return header }
       return String(header[...colon]) + " [redacted]"
@@ -217,6 +258,9 @@ extension Configuration {
   /// embedded demo fixture is one source whatever port it got.
   public var sourceIdentity: String {
     if isDemo { return "\(upstream.adapter) embedded demo fixture" }
+    if adapterKind == .recipe, let recipe = loadedRecipe.recipe {
+      return "recipe \(recipe.name) \(identityURL(recipe.identityURL))"
+    }
     let url = adapterKind == .generic ? generic.urlTemplate : upstream.url
     return "\(upstream.adapter) \(identityURL(url))"
   }

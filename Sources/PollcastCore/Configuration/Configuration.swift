@@ -89,6 +89,8 @@ public struct Configuration: Codable, Sendable, Equatable {
   public struct Upstream: Codable, Sendable, Equatable {
     public var adapter = "chat"
     public var url = ""
+    /// `upstream.adapter = recipe`: a file path, or the recipe's JSON text (starts with `{`).
+    public var recipe = ""
     public var apiKey = ""
     public var pollTimeoutSeconds = 25.0
     public var requestMarginSeconds = 10.0
@@ -109,7 +111,7 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var maxTotalRingBytes = 256 << 20
 
     enum CodingKeys: String, CodingKey {
-      case adapter, url
+      case adapter, url, recipe
       case maxAccounts = "max_accounts"
       case maxRetainedAccounts = "max_retained_accounts"
       case maxTotalRingBytes = "max_total_ring_bytes"
@@ -217,6 +219,8 @@ public struct Configuration: Codable, Sendable, Equatable {
   public var generic = Generic()
   /// `--demo`: the upstream is the embedded fixture, started anew on a new port each run (not a file key).
   public var isDemo = false
+  /// The recipe read and parsed at load (`upstream.adapter = recipe`; not a file key).
+  public var loadedRecipe = LoadedRecipe()
 
   enum CodingKeys: String, CodingKey {
     case server, store, auth, cors, sse, ring, log, upstream, generic
@@ -265,4 +269,19 @@ public enum AuthMode: String, CaseIterable, Sendable { case none, jwt, upstream 
 /// `store.kind`: where rings, ids and cursors live.
 public enum StoreKind: String, CaseIterable, Sendable { case memory, sqlite, redis }
 /// `upstream.adapter`: the legacy API's shape.
-public enum AdapterKind: String, CaseIterable, Sendable { case chat, generic }
+public enum AdapterKind: String, CaseIterable, Sendable { case chat, generic, recipe }
+
+/// `upstream.recipe` as loaded: its text, the environment its `{env:…}` placeholders read, and the parsed recipe
+/// (or the problems that kept it from parsing). Equal when text and environment are.
+public struct LoadedRecipe: Sendable, Equatable {
+  public var text = ""
+  public var environment: [String: String] = [:]
+  public var recipe: Recipe?
+  public var problems: [String] = []
+
+  public init() {}
+
+  public static func == (a: LoadedRecipe, b: LoadedRecipe) -> Bool {
+    a.text == b.text && a.environment == b.environment && a.problems == b.problems
+  }
+}

@@ -36,6 +36,7 @@ public struct ConfigurationLoader {
       }
       if let problem = setting.applyText(&config, value) { problems.append("\(setting.flag): \(problem)") }
     }
+    if config.adapterKind == .recipe { config.loadRecipe(environment: environment) }
     problems += config.problems()
     if !problems.isEmpty { throw ConfigurationError(problems: problems) }
     return config

@@ -76,6 +76,27 @@ public struct Setting: Sendable {
       })
   }
 
+  /// A recipe: a file path (a string), or the recipe itself (an object in the file, JSON text starting with `{`
+  /// in the environment and flags).
+  static func recipe(
+    _ key: String, _ path: WritableKeyPath<Configuration, String> & Sendable, _ summary: String
+  ) -> Setting {
+    Setting(
+      key: key, summary: summary, defaultText: "(empty)",
+      applyJSON: { config, value in
+        switch value {
+        case .string(let file): config[keyPath: path] = file
+        case .object: config[keyPath: path] = value.text
+        default: return "expected a file path or a recipe object, got \(value.kind)"
+        }
+        return nil
+      },
+      applyText: { config, text in
+        config[keyPath: path] = text
+        return nil
+      })
+  }
+
   static func bool(
     _ key: String, _ path: WritableKeyPath<Configuration, Bool> & Sendable, _ summary: String
   ) -> Setting {

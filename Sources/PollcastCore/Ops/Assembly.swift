@@ -59,6 +59,13 @@ extension Configuration {
     if adapterKind == .generic {
       return GenericAdapter(settings: genericSettings, credential: credential)
     }
+    if adapterKind == .recipe, let recipe = loadedRecipe.recipe {
+      return RecipeAdapter(
+        recipe: recipe, environment: loadedRecipe.environment,
+        credential: credential ?? (upstream.apiKey.isEmpty ? nil : upstream.apiKey),
+        pollTimeout: upstream.pollTimeoutSeconds + upstream.requestMarginSeconds,
+        requestTimeout: upstream.requestTimeoutSeconds, connectTimeout: upstream.connectTimeoutSeconds)
+    }
     return ChatAdapter(
       baseURL: upstream.url, holdSeconds: upstream.pollTimeoutSeconds, marginSeconds: upstream.requestMarginSeconds,
       requestTimeout: upstream.requestTimeoutSeconds, connectTimeout: upstream.connectTimeoutSeconds)

@@ -25,6 +25,13 @@ public enum PollcastCommand {
     arguments: [String], environment: [String: String],
     demo startDemo: (@Sendable () async throws -> DemoUpstream)? = nil
   ) async -> Int32 {
+    if arguments.first == "recipe" {
+      guard arguments.count >= 2, arguments[1] == "check" else {
+        printError("Error: the recipe command has one action: check\n\n\(RecipeCheck.usage)\n")
+        return exitUsage
+      }
+      return await RecipeCheck.run(arguments: Array(arguments.dropFirst(2)), environment: environment)
+    }
     let options: CommandLineOptions
     do {
       options = try CommandLineOptions.parse(arguments)
@@ -44,31 +51,10 @@ public enum PollcastCommand {
       print(CommandLineOptions.settingsReference())
       return 0
     }
-    var fileText: String?
-    let configPath = options.configPath ?? environment["POLLCAST_CONFIG"]
-    if let configPath {
-      guard let data = FileManager.default.contents(atPath: configPath) else {
-        printError("Error: cannot read configuration file \(configPath)\n")
-        return exitConfig
-      }
-      fileText = String(decoding: data, as: UTF8.self)
-    }
     var configuration: Configuration
-    do throws(ConfigurationError) {
-      configuration = try ConfigurationLoader().load(
-        fileText: fileText, fileName: configPath ?? "config", environment: environment,
-        overrides: options.overrides.map { ($0.key, $0.value) })
-      if !options.demo && !options.printConfig && !configuration.hasUpstream {
-        throw ConfigurationError(
-          configuration.adapterKind == .generic
-            ? "generic.url_template is required for the generic adapter"
-            : "upstream.url is required (--upstream-url URL), or run --demo against the embedded fixture")
-      }
-      // The key files are read now, so a missing or wrong key is a configuration error, not a late failure.
-      if !options.printConfig { _ = try configuration.jwtSettings() }
-    } catch {
-      printError("Error: invalid configuration:\n" + error.problems.map { "  - \($0)" }.joined(separator: "\n") + "\n")
-      return exitConfig
+    switch loadConfiguration(options, environment: environment) {
+    case .success(let loaded): configuration = loaded
+    case .failure(let exit): return exit.code
     }
     if options.printConfig {
       let encoder = JSONEncoder()
@@ -136,6 +122,46 @@ public enum PollcastCommand {
     await demo?.stop()
     logger.info("stopped")
     return 0
+  }
+
+  /// Reads the file, the environment and the flags into a validated configuration, or prints every problem and
+  /// returns the exit code (78).
+  static func loadConfiguration(_ options: CommandLineOptions, environment: [String: String]) -> Result<
+    Configuration, ExitCode
+  > {
+    var fileText: String?
+    let configPath = options.configPath ?? environment["POLLCAST_CONFIG"]
+    if let configPath {
+      guard let data = FileManager.default.contents(atPath: configPath) else {
+        printError("Error: cannot read configuration file \(configPath)\n")
+        return .failure(ExitCode(exitConfig))
+      }
+      fileText = String(decoding: data, as: UTF8.self)
+    }
+    let configuration: Configuration
+    do throws(ConfigurationError) {
+      configuration = try ConfigurationLoader().load(
+        fileText: fileText, fileName: configPath ?? "config", environment: environment,
+        overrides: options.overrides.map { ($0.key, $0.value) })
+      if !options.demo && !options.printConfig && !configuration.hasUpstream {
+        throw ConfigurationError(
+          configuration.adapterKind == .generic
+            ? "generic.url_template is required for the generic adapter"
+            : "upstream.url is required (--upstream-url URL), or run --demo against the embedded fixture")
+      }
+      // The key files are read now, so a missing or wrong key is a configuration error, not a late failure.
+      if !options.printConfig { _ = try configuration.jwtSettings() }
+    } catch {
+      printError("Error: invalid configuration:\n" + error.problems.map { "  - \($0)" }.joined(separator: "\n") + "\n")
+      return .failure(ExitCode(exitConfig))
+    }
+    return .success(configuration)
+  }
+
+  /// A process exit status carried as an error.
+  struct ExitCode: Error {
+    var code: Int32
+    init(_ code: Int32) { self.code = code }
   }
 
   static func printError(_ text: String) {

@@ -209,6 +209,7 @@ private final class Transfer {
   var owner: ObjectIdentifier?
   var body: [UInt8] = []
   var bodyTooLarge = false
+  var wantsHeaders = false
   var headerList: UnsafeMutablePointer<curl_slist>?
   var requestBody: [CChar] = []
   let started = MonotonicClock.seconds()
@@ -226,6 +227,7 @@ private final class Transfer {
 
   func configure(_ request: UpstreamRequest) throws(UpstreamError) {
     timeout = request.timeout
+    wantsHeaders = request.wantsHeaders
     // A URL curl refuses (bad scheme, malformed) fails here with libcurl's reason, not later as a hang.
     try CurlCall.check(pollcast_easy_setopt_string(easy, CURLOPT_URL, request.url), "CURLOPT_URL")
     try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1), "CURLOPT_NOSIGNAL")
@@ -300,7 +302,22 @@ private final class Transfer {
     } catch {
       return .failure(error)
     }
-    return .success(UpstreamResponse(status: status, body: body, duration: duration))
+    return .success(
+      UpstreamResponse(status: status, body: body, duration: duration, headers: wantsHeaders ? receivedHeaders() : []))
+  }
+
+  /// The final answer's header fields, read with libcurl's header API (no callback of ours parses them).
+  private func receivedHeaders() -> [(name: String, value: String)] {
+    var fields: [(name: String, value: String)] = []
+    var previous: UnsafeMutablePointer<curl_header>?
+    while let field = curl_easy_nextheader(easy, UInt32(CURLH_HEADER), -1, previous) {
+      if let name = field.pointee.name, let value = field.pointee.value {
+        fields.append((String(cString: name), String(cString: value)))
+      }
+      previous = field
+      if fields.count >= 200 { break }  // a hostile server's thousands of headers are not all kept
+    }
+    return fields
   }
 
   func cleanup() {

@@ -111,6 +111,8 @@ struct CursorBook: Sendable {
     var unknownStreams: [String] = []
     /// Messages dropped as resends.
     var duplicates = 0
+    /// Cursors the API moved (recipe `reset`), for known streams.
+    var resets: [UpstreamCursorReset] = []
 
     var wentBackwards: Bool { !rewinds.isEmpty }
   }
@@ -122,6 +124,7 @@ struct CursorBook: Sendable {
         plan.skipped[stream] = max(plan.skipped[stream] ?? 0, id)
       }
     }
+    plan.resets = answer.resets.filter { streams.contains($0.stream) }
     for batch in answer.batches {
       guard streams.contains(batch.stream) else {
         plan.unknownStreams.append(batch.stream)
@@ -161,11 +164,19 @@ struct CursorBook: Sendable {
     var next = cursors
     for (stream, id) in plan.skipped where id > next[stream] ?? 0 { next[stream] = id }
     for rewind in plan.rewinds { next[rewind.stream] = rewind.to }
+    for reset in plan.resets { next[reset.stream] = reset.to }
     return next
   }
 
-  /// Cursors from `settled(_:)` are stored.
-  mutating func moved(to next: [String: UInt64]) { cursors = next }
+  /// Cursors from `settled(_:)` of `plan` are stored. A stream the API reset starts afresh: its backlog bound
+  /// and its recent ids belong to the old numbering.
+  mutating func moved(to next: [String: UInt64], after plan: Plan) {
+    cursors = next
+    for reset in plan.resets {
+      backlogUntil[reset.stream] = nil
+      recent[reset.stream] = nil
+    }
+  }
 
   // MARK: Backlog
 

@@ -18,11 +18,14 @@ public struct UpstreamRejection: Sendable, Equatable {
   public var stream: String?
   public var id: UInt64?
   public var reason: String
+  /// Left out on purpose (a recipe's `skip`: heartbeats, meta messages): the cursor moves, nothing is logged.
+  public var expected: Bool
 
-  public init(stream: String?, id: UInt64?, reason: String) {
+  public init(stream: String?, id: UInt64?, reason: String, expected: Bool = false) {
     self.stream = stream
     self.id = id
     self.reason = reason
+    self.expected = expected
   }
 }
 
@@ -43,6 +46,22 @@ public struct UpstreamPreparation: Sendable, Equatable {
   }
 }
 
+/// The API said where a stream's cursor stands now (a recipe's `reset`: etcd's cleared index, VK's `failed: 1`).
+/// With `gap`, clients are told (the `resync` status event): what the API dropped before that point is lost.
+public struct UpstreamCursorReset: Sendable, Equatable {
+  public var stream: String
+  public var to: UInt64
+  public var gap: Bool
+  public var reason: String
+
+  public init(stream: String, to: UInt64, gap: Bool, reason: String) {
+    self.stream = stream
+    self.to = to
+    self.gap = gap
+    self.reason = reason
+  }
+}
+
 /// One poll's answer, parsed.
 public struct UpstreamPollAnswer: Sendable, Equatable {
   /// Messages per stream, in the order the server sent them.
@@ -50,6 +69,8 @@ public struct UpstreamPollAnswer: Sendable, Equatable {
   /// Messages that could not be relayed (no usable id, not an object, nested too deep), with why; logged and
   /// counted.
   public var rejected: [UpstreamRejection] = []
+  /// Cursors the API moved (applied once the answer's messages are stored).
+  public var resets: [UpstreamCursorReset] = []
 
   public init(batches: [(stream: String, messages: [UpstreamMessage])], rejected: [UpstreamRejection] = []) {
     self.batches = batches
@@ -57,7 +78,7 @@ public struct UpstreamPollAnswer: Sendable, Equatable {
   }
 
   public static func == (a: UpstreamPollAnswer, b: UpstreamPollAnswer) -> Bool {
-    a.rejected == b.rejected && a.batches.count == b.batches.count
+    a.rejected == b.rejected && a.resets == b.resets && a.batches.count == b.batches.count
       && zip(a.batches, b.batches).allSatisfy { $0.stream == $1.stream && $0.messages == $1.messages }
   }
 

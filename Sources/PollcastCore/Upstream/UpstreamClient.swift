@@ -33,9 +33,9 @@ public struct LoggingInterceptor: UpstreamInterceptor {
     self.secrets = secrets.filter { !$0.isEmpty }
   }
 
-  private func shown(_ url: String) -> String {
+  private func shown(_ url: String, _ extra: [String] = []) -> String {
     var text = redactURL(url)
-    for secret in secrets {
+    for secret in secrets + extra where !secret.isEmpty {
       text = text.replacingOccurrences(of: secret, with: "[redacted]")
       text = text.replacingOccurrences(of: encodeQueryValue(secret), with: "[redacted]")
     }
@@ -45,7 +45,7 @@ public struct LoggingInterceptor: UpstreamInterceptor {
   public func prepare(_ request: inout UpstreamRequest) {
     logger.trace(
       "upstream request",
-      metadata: ["upstream.call": request.label, "url": shown(request.url), "method": request.method])
+      metadata: ["upstream.call": request.label, "url": shown(request.url, request.redact), "method": request.method])
   }
 
   public func completed(_ request: UpstreamRequest, outcome: Result<UpstreamResponse, UpstreamError>) {
@@ -62,7 +62,10 @@ public struct LoggingInterceptor: UpstreamInterceptor {
     case .failure(let error):
       logger.debug(
         "upstream request failed",
-        metadata: ["upstream.call": request.label, "url": shown(request.url), "error": error.description])
+        metadata: [
+          "upstream.call": request.label, "url": shown(request.url, request.redact),
+          "error": UpstreamResponse.scrub(error.description, request.redact),
+        ])
     }
   }
 }

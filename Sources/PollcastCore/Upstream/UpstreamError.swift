@@ -21,12 +21,19 @@ public struct UpstreamError: Error, CustomStringConvertible, Sendable, Equatable
   public var kind: Kind
   public var message: String
   public var cause: String?
+  /// Seconds the server asked the relay to wait before its next request (`Retry-After`, a recipe's `after`);
+  /// the worker waits that long instead of its own backoff delay (bounded by `UpstreamError.maxRetryAfter`).
+  public var retryAfter: Double?
 
-  public init(_ kind: Kind, _ message: String, cause: String? = nil) {
+  public init(_ kind: Kind, _ message: String, cause: String? = nil, retryAfter: Double? = nil) {
     self.kind = kind
     self.message = message
     self.cause = cause
+    self.retryAfter = retryAfter
   }
+
+  /// A server-given delay longer than this is cut to it: a broken header must not silence a feed for days.
+  public static let maxRetryAfter = 3600.0
 
   public var description: String {
     cause.map { "\(message): \($0)" } ?? message
@@ -61,6 +68,10 @@ public struct UpstreamRequest: Sendable {
   public var authentication: Authentication
   /// Short name for logs and metrics: `session`, `last`, `poll`.
   public var label: String
+  /// Whether the response's headers are wanted (`UpstreamResponse.headers`); off, they are not collected.
+  public var wantsHeaders = false
+  /// Values never shown in a log line about this request (a session token in a URL path).
+  public var redact: [String] = []
 
   public init(
     method: String = "GET", url: String, headers: [(String, String)] = [], body: [UInt8]? = nil, timeout: Double = 10,
@@ -83,11 +94,19 @@ public struct UpstreamResponse: Sendable {
   public var body: [UInt8]
   /// Seconds from start to completion.
   public var duration: Double
+  /// The final answer's header fields in order (only when the request `wantsHeaders`).
+  public var headers: [(name: String, value: String)]
 
-  public init(status: Int, body: [UInt8], duration: Double) {
+  public init(status: Int, body: [UInt8], duration: Double, headers: [(name: String, value: String)] = []) {
     self.status = status
     self.body = body
     self.duration = duration
+    self.headers = headers
+  }
+
+  /// The value of the last header field named `name` (case-insensitive), if any.
+  public func header(_ name: String) -> String? {
+    headers.last { $0.name.caseInsensitiveCompare(name) == .orderedSame }?.value
   }
 
   /// The body as text, with every invalid UTF-8 sequence replaced by U+FFFD (see `RepairedText`).

@@ -221,7 +221,7 @@ public actor UpstreamWorker {
           continue
         }
         guard isCurrent(cycleGeneration) else { return }
-        if answer.rejected.isEmpty || cursors != cursorsBefore {
+        if !answer.rejected.contains(where: { !$0.expected }) || cursors != cursorsBefore {
           let took = MonotonicClock.seconds() - started
           let wait = spacing.delay(afterPollTaking: took, brought: cursors != cursorsBefore, using: &random)
           if wait > 0 {
@@ -233,7 +233,7 @@ public actor UpstreamWorker {
             republishState()
           }
         }
-        if !answer.rejected.isEmpty && cursors == cursorsBefore {
+        if answer.rejected.contains(where: { !$0.expected }) && cursors == cursorsBefore {
           // Only messages that cannot be relayed and have no id to move past: the upstream will answer the same
           // at once. Wait like after a failure instead of polling it in a tight loop.
           let delay = backoff.nextDelay(using: &random)
@@ -276,7 +276,9 @@ public actor UpstreamWorker {
           }
           logger.error("upstream refused the API key", metadata: ["error": error.description])
         }
-        let delay = backoff.nextDelay(using: &random)
+        let drawn = backoff.nextDelay(using: &random)
+        // A server-given delay (Retry-After, a recipe's `after`) is honoured as given, within a bound.
+        let delay = error.retryAfter.map { min(max($0, 0), UpstreamError.maxRetryAfter) } ?? drawn
         statistics.backoffAttempt = backoff.attempt
         statistics.nextRetryDelay = delay
         logger.warning(
@@ -331,7 +333,7 @@ public actor UpstreamWorker {
     // cursors (with a durable store, a commit is awaited).
     await storeGate.acquire()
     defer { storeGate.release() }
-    for rejection in answer.rejected {
+    for rejection in answer.rejected where !rejection.expected {
       statistics.rejectedMessages += 1
       var fields = ["reason": rejection.reason]
       if let stream = rejection.stream { fields["stream"] = stream }
@@ -352,6 +354,18 @@ public actor UpstreamWorker {
         "upstream ids went backwards: following the server",
         metadata: ["stream": rewind.stream, "cursor": String(rewind.from), "upstream_last": String(rewind.to)])
       publishResync(rewind)
+    }
+    for reset in plan.resets {
+      let from = book.cursors[reset.stream] ?? 0
+      logger.warning(
+        reset.gap ? "upstream reset the cursor and dropped events: clients are told" : "upstream reset the cursor",
+        metadata: [
+          "stream": reset.stream, "cursor": String(from), "to": String(reset.to), "reason": reset.reason,
+        ])
+      if reset.gap {
+        statistics.cursorRewinds += 1
+        publishResync(CursorBook.Rewind(stream: reset.stream, from: from, to: reset.to, reason: reset.reason))
+      }
     }
     statistics.duplicatesDropped += plan.duplicates
     let wentBackwards = plan.wentBackwards
@@ -376,7 +390,7 @@ public actor UpstreamWorker {
     let next = book.settled(plan)
     if next != cursors {
       guard await commit([], cursors: next) else { return nil }
-      book.moved(to: next)
+      book.moved(to: next, after: plan)
     }
     updateLiveness()
     return wentBackwards

@@ -1,0 +1,192 @@
+import Foundation
+
+/// `pollcast recipe check [--config F] [--polls N] [--hold S] [settings…]`: runs the configured recipe against
+/// the real API once — the session, then N polls — and prints each request (secrets redacted), each answer, the
+/// rule that decided it, the events the relay would publish with their stream, id and cursor, and where the
+/// cursor goes. Exit 0 when at least one poll succeeded and the cursor moved or was held; 1 otherwise; 64 and 78
+/// as the relay itself.
+public enum RecipeCheck {
+  public static let usage = """
+    USAGE: pollcast recipe check [--config FILE] [--polls N] [--hold SECONDS] [--<setting> VALUE …]
+
+    Runs upstream.recipe against its API: the session steps, then N polls (default 3), each cut after
+    --hold seconds (default 10; a poll still held then counts as held: no news, cursor kept). Prints every
+    request with secrets redacted, every answer, the rule that decided it and the events it would relay.
+    """
+
+  public static func run(arguments: [String], environment: [String: String]) async -> Int32 {
+    var rest: [String] = []
+    var polls = 3
+    var hold = 10.0
+    var index = 0
+    while index < arguments.count {
+      let argument = arguments[index]
+      index += 1
+      if argument == "-h" || argument == "--help" {
+        print(usage)
+        return 0
+      }
+      if argument == "--polls" || argument == "--hold" {
+        guard index < arguments.count, let number = Double(arguments[index]), number > 0 else {
+          PollcastCommand.printError("Error: \(argument) needs a number greater than 0\n\n\(usage)\n")
+          return PollcastCommand.exitUsage
+        }
+        index += 1
+        if argument == "--polls" { polls = Int(number) } else { hold = number }
+        continue
+      }
+      rest.append(argument)
+    }
+    let options: CommandLineOptions
+    do {
+      options = try CommandLineOptions.parse(rest)
+    } catch {
+      PollcastCommand.printError("Error: \(error)\n\n\(usage)\n")
+      return PollcastCommand.exitUsage
+    }
+    let configuration: Configuration
+    switch PollcastCommand.loadConfiguration(options, environment: environment) {
+    case .success(let loaded): configuration = loaded
+    case .failure(let exit): return exit.code
+    }
+    guard configuration.adapterKind == .recipe, let recipe = configuration.loadedRecipe.recipe else {
+      PollcastCommand.printError("Error: recipe check needs upstream.adapter recipe (and upstream.recipe)\n")
+      return PollcastCommand.exitConfig
+    }
+    print("recipe \(recipe.name): stream \(recipe.stream), \(recipe.session.count) session step(s), \(polls) poll(s)")
+    do {
+      let loop = try EventLoop()
+      loop.start()
+      defer { loop.stop() }
+      let transport = try await loop.submit { () throws(UpstreamError) -> CurlTransport in
+        try CurlTransport(loop: loop)
+      }
+      transport.maxBodyBytes = configuration.upstream.maxBodyBytes
+      let driver = CheckDriver(loop: loop, transport: transport)
+      let adapter = RecipeAdapter(
+        recipe: recipe, environment: configuration.loadedRecipe.environment,
+        credential: configuration.upstream.apiKey.isEmpty ? nil : configuration.upstream.apiKey,
+        pollTimeout: min(hold, configuration.upstream.pollTimeoutSeconds + configuration.upstream.requestMarginSeconds),
+        requestTimeout: configuration.upstream.requestTimeoutSeconds,
+        connectTimeout: configuration.upstream.connectTimeoutSeconds)
+      adapter.timeoutCap = hold
+      return await driver.run(adapter, polls: polls, startFrom: configuration.workerSettings.startFrom)
+    } catch {
+      PollcastCommand.printError("Error: cannot start: \(error)\n")
+      return PollcastCommand.exitUnavailable
+    }
+  }
+}
+
+/// Prints each request as it leaves (secrets redacted) and each answer's status.
+private struct PrintingInterceptor: UpstreamInterceptor {
+  func prepare(_ request: inout UpstreamRequest) {
+    var url = redactURL(request.url)
+    for secret in request.redact { url = UpstreamResponse.scrub(url, [secret]) }
+    print("→ \(request.label): \(request.method) \(url)")
+    for (name, value) in request.headers {
+      let secret =
+        request.redact.contains { value.contains($0) } || ["authorization", "cookie"].contains(name.lowercased())
+      print("    \(name): \(secret ? "[redacted]" : value)")
+    }
+    if let body = request.body, !body.isEmpty {
+      print("    body: \(UpstreamResponse.scrub(String(decoding: body.prefix(300), as: UTF8.self), request.redact))")
+    }
+  }
+
+  func completed(_ request: UpstreamRequest, outcome: Result<UpstreamResponse, UpstreamError>) {
+    switch outcome {
+    case .success(let response):
+      print("← \(response.status), \(response.body.count) bytes in \(Int(response.duration * 1000)) ms")
+    case .failure(let error):
+      print("← failed: \(UpstreamResponse.scrub(error.description, request.redact))")
+    }
+  }
+}
+
+private actor CheckDriver {
+  let loop: EventLoop
+  let transport: CurlTransport
+  nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+  init(loop: EventLoop, transport: CurlTransport) {
+    self.loop = loop
+    self.transport = transport
+  }
+
+  func run(_ adapter: RecipeAdapter, polls: Int, startFrom: UpstreamWorker.StartFrom) async -> Int32 {
+    let client = UpstreamClient(transport: transport, interceptors: [PrintingInterceptor()])
+    var book = CursorBook()
+    var succeeded = 0
+    var prepared = false
+    var poll = 0
+    var sessions = 0
+    while poll < polls {
+      do throws(UpstreamError) {
+        if !prepared {
+          sessions += 1
+          guard sessions <= 3 else {
+            print("✗ three sessions in a row did not give a working poll: stopping")
+            break
+          }
+          let preparation = try await adapter.prepare(client)
+          _ = book.apply(preparation, startFrom: startFrom)
+          print("  session ready\(adapter.lastRule.map { " (\($0))" } ?? ""); cursor \(cursorText(book))")
+          prepared = true
+        }
+        poll += 1
+        print("poll \(poll) of \(polls) from cursor \(cursorText(book))")
+        let answer = try await adapter.poll(client, cursors: book.cursors)
+        succeeded += 1
+        sessions = 0
+        print("  decided by \(adapter.lastRule ?? "the defaults")")
+        let plan = book.plan(answer)
+        for reset in plan.resets {
+          print(
+            "  cursor reset to \(reset.to) (\(reset.reason))\(reset.gap ? ", clients get a resync status event" : "")")
+        }
+        for rejection in answer.rejected {
+          print(
+            "  \(rejection.expected ? "skipped" : "rejected"): \(rejection.reason) (id \(rejection.id.map(String.init) ?? "none"))"
+          )
+        }
+        for (stream, message) in plan.fresh {
+          let text = message.raw.count > 160 ? message.raw.prefix(160) + "…" : Substring(message.raw)
+          print(
+            "  event stream=\(stream) id=\(message.id) backlog=\(book.isBacklog(message.id, stream: stream)): \(text)")
+        }
+        if plan.duplicates > 0 { print("  \(plan.duplicates) resent event(s) dropped") }
+        let before = book.cursors
+        book.stored(plan.fresh[...])
+        let next = book.settled(plan)
+        book.moved(to: next, after: plan)
+        print(
+          before == book.cursors ? "  cursor held at \(cursorText(book))" : "  cursor moved to \(cursorText(book))")
+      } catch {
+        if error.kind == .timeout {
+          succeeded += 1
+          print("  held for the whole --hold: no news, cursor held at \(cursorText(book))")
+          continue
+        }
+        print("  ✗ \(error.description)")
+        if let delay = error.retryAfter { print("    the server asks to wait \(delay) s before the next request") }
+        if error.kind == .sessionExpired {
+          prepared = false
+          continue
+        }
+        if !prepared { break }
+      }
+    }
+    client.cancelAll()
+    if succeeded > 0 {
+      print("✓ \(succeeded) of \(poll) poll(s) answered; the recipe works against this API")
+      return 0
+    }
+    print("✗ no poll succeeded")
+    return 1
+  }
+
+  private func cursorText(_ book: CursorBook) -> String {
+    book.streams.map { "\($0)=\(book.cursors[$0].map(String.init) ?? "none")" }.joined(separator: ",")
+  }
+}

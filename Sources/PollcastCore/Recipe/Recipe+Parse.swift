@@ -1,0 +1,564 @@
+import Foundation
+
+extension Recipe {
+  /// What a recipe is checked against at load: the environment (`{env:…}` must be set), and whether a credential
+  /// fills `{credential}` (the API key in shared mode, the subscriber's key per user).
+  public struct Context: Sendable {
+    public var environment: [String: String]
+    public var hasCredential: Bool
+    public init(environment: [String: String], hasCredential: Bool) {
+      self.environment = environment
+      self.hasCredential = hasCredential
+    }
+  }
+
+  /// Parses and validates `text`; every problem is named by its path (`recipe.poll.url: …`).
+  public static func parse(_ text: String, context: Context) -> Result<Recipe, ConfigurationError> {
+    let value: JSONValue
+    do {
+      value = try JSONDecoder().decode(JSONValue.self, from: Data(text.utf8))
+    } catch {
+      return .failure(ConfigurationError("recipe: not valid JSON (\(error))"))
+    }
+    var reader = RecipeReader(context: context)
+    let recipe = reader.recipe(value)
+    if let recipe, reader.problems.isEmpty { return .success(recipe) }
+    return .failure(ConfigurationError(problems: reader.problems.isEmpty ? ["recipe: not usable"] : reader.problems))
+  }
+}
+
+/// Walks a recipe's JSON, building the model and collecting every problem (not only the first).
+struct RecipeReader {
+  let context: Recipe.Context
+  var problems: [String] = []
+
+  init(context: Recipe.Context) { self.context = context }
+
+  mutating func problem(_ path: String, _ text: String) { problems.append("\(path): \(text)") }
+
+  /// The members of an object, with unknown keys named; nil (with a problem) when it is not an object.
+  mutating func object(_ value: JSONValue, _ path: String, keys: Set<String>) -> [String: JSONValue]? {
+    guard case .object(let members) = value else {
+      problem(path, "expected an object, got \(value.kind)")
+      return nil
+    }
+    for key in members.keys.sorted() where !keys.contains(key) {
+      problem("\(path).\(key)", "unknown key (known: \(keys.sorted().joined(separator: ", ")))")
+    }
+    return members
+  }
+
+  mutating func string(_ value: JSONValue?, _ path: String) -> String? {
+    guard let value else { return nil }
+    guard case .string(let text) = value else {
+      problem(path, "expected a string, got \(value.kind)")
+      return nil
+    }
+    return text
+  }
+
+  mutating func template(_ value: JSONValue?, _ path: String) -> RecipeTemplate? {
+    string(value, path).map(RecipeTemplate.init)
+  }
+
+  mutating func pointer(_ value: JSONValue?, _ path: String, wildcard: Bool) -> String? {
+    guard let text = string(value, path) else { return nil }
+    if let issue = RecipeReader.pointerProblem(text, wildcard: wildcard) { problem(path, issue) }
+    return text
+  }
+
+  /// Why `text` is not an RFC 6901 pointer (with at most one `*` segment when `wildcard`), or nil.
+  static func pointerProblem(_ text: String, wildcard: Bool) -> String? {
+    if text.isEmpty { return nil }
+    guard text.hasPrefix("/") else { return "\"\(text)\" is not a JSON pointer (it must be empty or start with /)" }
+    let segments = text.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
+    for segment in segments {
+      var index = segment.startIndex
+      while let tilde = segment[index...].firstIndex(of: "~") {
+        let next = segment.index(after: tilde)
+        guard next < segment.endIndex, segment[next] == "0" || segment[next] == "1" else {
+          return "\"\(text)\": ~ must be followed by 0 or 1"
+        }
+        index = segment.index(after: next)
+      }
+    }
+    let stars = segments.filter { $0 == "*" }.count
+    if stars > (wildcard ? 1 : 0) {
+      return wildcard ? "\"\(text)\" has more than one * segment" : "\"\(text)\": * is not allowed here"
+    }
+    return nil
+  }
+
+  // MARK: The recipe
+
+  static let topKeys: Set<String> = [
+    "recipe", "name", "stream", "vars", "session", "sync", "poll", "fetch", "cursor", "rules", "user",
+  ]
+
+  mutating func recipe(_ value: JSONValue) -> Recipe? {
+    guard let top = object(value, "recipe", keys: RecipeReader.topKeys) else { return nil }
+    if let version = top["recipe"], version != .number(1) {
+      problem("recipe.recipe", "only version 1 is known")
+    }
+    for unsupported in ["sync", "fetch"] where top[unsupported] != nil {
+      problem("recipe.\(unsupported)", "not supported yet by this build (session steps and the poll are)")
+    }
+    let name = string(top["name"], "recipe.name") ?? "recipe"
+    let stream = string(top["stream"], "recipe.stream") ?? "default"
+    if stream.isEmpty { problem("recipe.stream", "must not be empty") }
+    var vars: [String: RecipeValue] = [:]
+    var environmentVars: Set<String> = []
+    var environmentNames: Set<String> = []
+    if let varsValue = top["vars"] {
+      if case .object(let members) = varsValue {
+        for (key, member) in members {
+          switch member {
+          case .string(let text):
+            // Vars may use {env:NAME} (resolved here) and nothing else.
+            let template = RecipeTemplate(text)
+            var scope = RecipeScope()
+            scope.environment = context.environment
+            for placeholder in template.placeholders {
+              if case .env(let env) = placeholder, context.environment[env] == nil {
+                problem("recipe.vars.\(key)", "{env:\(env)} but the environment has no \(env)")
+              } else if case .env(let env) = placeholder {
+                environmentVars.insert(key)
+                environmentNames.insert(env)
+              } else {
+                problem("recipe.vars.\(key)", "\(placeholder.spelled): a var may use only {env:NAME}")
+              }
+            }
+            let rendered = (try? template.render(scope, .text)) ?? text
+            vars[key] = RecipeValue(text: rendered)
+          case .number(let number) where number.rounded() == number && abs(number) < 9e15:
+            vars[key] = RecipeValue(text: String(Int64(number)), json: String(Int64(number)))
+          case .bool(let flag):
+            vars[key] = RecipeValue(text: String(flag), json: String(flag))
+          default:
+            problem("recipe.vars.\(key)", "expected a string, an integer or a boolean, got \(member.kind)")
+          }
+        }
+      } else {
+        problem("recipe.vars", "expected an object, got \(varsValue.kind)")
+      }
+    }
+    var session: [Recipe.Step] = []
+    if let sessionValue = top["session"] {
+      if case .array(let steps) = sessionValue {
+        for (index, step) in steps.enumerated() {
+          if let parsed = self.step(step, "recipe.session[\(index)]", label: "session", events: false) {
+            session.append(parsed.step)
+          }
+        }
+      } else {
+        problem("recipe.session", "expected an array of steps, got \(sessionValue.kind)")
+      }
+    }
+    guard let pollValue = top["poll"] else {
+      problem("recipe.poll", "required: the long-poll request")
+      return nil
+    }
+    let pollParsed = step(pollValue, "recipe.poll", label: "poll", events: true)
+    let cursor = self.cursor(top["cursor"])
+    var rules: [Recipe.Rule] = []
+    if let rulesValue = top["rules"] {
+      if case .array(let items) = rulesValue {
+        for (index, item) in items.enumerated() {
+          if let rule = self.rule(item, "recipe.rules[\(index)]", hasSession: !session.isEmpty) { rules.append(rule) }
+        }
+      } else {
+        problem("recipe.rules", "expected an array of rules, got \(rulesValue.kind)")
+      }
+    }
+    let user = template(top["user"], "recipe.user")
+    guard let pollParsed, let events = pollParsed.events, let cursor else { return nil }
+    var recipe = Recipe(
+      name: name, stream: stream, vars: vars, session: session, poll: pollParsed.step, events: events, cursor: cursor,
+      rules: rules, user: user)
+    recipe.environmentVars = environmentVars
+    var names = environmentNames
+    for step in session + [pollParsed.step] {
+      for (_, template) in step.templates("") {
+        for case .env(let env) in template.placeholders { names.insert(env) }
+      }
+    }
+    recipe.environmentNames = names
+    checkPlaceholders(recipe)
+    return recipe
+  }
+
+  /// Every placeholder must be filled by something defined before it is used.
+  mutating func checkPlaceholders(_ recipe: Recipe) {
+    var known = Set(recipe.vars.keys)
+    let context = self.context
+    var found: [String] = []
+    defer { problems += found }
+    func check(_ path: String, _ template: RecipeTemplate, cursor: Bool, reader: inout [String]) {
+      for placeholder in template.placeholders {
+        switch placeholder {
+        case .name(let name) where !known.contains(name):
+          reader.append("\(path): {\(name)} but no var or earlier session step's extract defines \(name)")
+        case .cursor, .next:
+          if !cursor {
+            reader.append(
+              "\(path): \(placeholder.spelled) is only known in the poll (a session runs before any cursor)")
+          }
+        case .env(let name) where context.environment[name] == nil:
+          reader.append("\(path): {env:\(name)} but the environment has no \(name)")
+        case .credential where !context.hasCredential:
+          reader.append(
+            "\(path): {credential} but there is no credential (set upstream.api_key, or use auth.mode upstream)")
+        default: break
+        }
+      }
+    }
+    for (index, step) in recipe.session.enumerated() {
+      for (path, template) in step.templates("recipe.session[\(index)]") {
+        check(path, template, cursor: false, reader: &found)
+      }
+      for (name, source) in step.extract {
+        if case .event = source.origin {
+          found.append("recipe.session[\(index)].extract.\(name): an event source is only known in the poll's events")
+        }
+        known.insert(name)
+      }
+    }
+    for (path, template) in recipe.poll.templates("recipe.poll") { check(path, template, cursor: true, reader: &found) }
+    if case .session(let name) = recipe.cursor.initial?.origin, !recipe.sessionNames.contains(name) {
+      found.append("recipe.cursor.initial.name: session value \"\(name)\" is not extracted by any session step")
+    }
+    if case .template(let template) = recipe.events.id.origin {
+      check("recipe.poll.events.id.template", template, cursor: true, reader: &found)
+    }
+    if let user = recipe.user { check("recipe.user", user, cursor: false, reader: &found) }
+  }
+
+  // MARK: Steps
+
+  static let stepKeys: Set<String> = ["method", "url", "query", "headers", "json", "form", "timeout", "extract"]
+
+  mutating func step(_ value: JSONValue, _ path: String, label: String, events: Bool) -> (
+    step: Recipe.Step, events: Recipe.Events?
+  )? {
+    guard
+      let members = object(value, path, keys: events ? RecipeReader.stepKeys.union(["events"]) : RecipeReader.stepKeys)
+    else { return nil }
+    let method = string(members["method"], "\(path).method") ?? "GET"
+    if let issue = OutgoingRequest.problem(inHeaderName: method) { problem("\(path).method", issue) }
+    guard let url = template(members["url"], "\(path).url") else {
+      if members["url"] == nil { problem("\(path).url", "required") }
+      return nil
+    }
+    let literalStart = url.parts.first.flatMap { if case .literal(let text) = $0 { text } else { nil } } ?? ""
+    if url.parts.first.map({ if case .literal = $0 { true } else { false } }) == true
+      && !(literalStart.hasPrefix("http://") || literalStart.hasPrefix("https://"))
+    {
+      problem("\(path).url", "must start with http:// or https:// (or with a placeholder holding the base)")
+    }
+    if let issue = OutgoingRequest.problem(
+      inURL: url.parts.compactMap { if case .literal(let t) = $0 { t } else { nil } }.joined())
+    {
+      problem("\(path).url", issue)
+    }
+    let query = pairs(members["query"], "\(path).query")
+    let headers = pairs(members["headers"], "\(path).headers")
+    for (name, template) in headers {
+      if let issue = OutgoingRequest.problem(inHeaderName: name) { problem("\(path).headers", issue) }
+      let literal = template.parts.compactMap { if case .literal(let t) = $0 { t } else { nil } }.joined()
+      if let issue = OutgoingRequest.problem(inHeaderValue: literal, "the value of header \(name)") {
+        problem("\(path).headers.\(name)", issue)
+      }
+    }
+    var body: Recipe.Step.Body?
+    if let json = members["json"] { body = .json(json) }
+    if members["form"] != nil {
+      if body != nil { problem("\(path).form", "a step has json or form, not both") }
+      body = .form(pairs(members["form"], "\(path).form"))
+    }
+    var timeout: Double?
+    if let value = members["timeout"] {
+      if case .number(let seconds) = value, seconds > 0, seconds.isFinite {
+        timeout = seconds
+      } else {
+        problem("\(path).timeout", "expected a number of seconds greater than 0, got \(value.kind)")
+      }
+    }
+    var extract: [(String, Recipe.Source)] = []
+    if let extractValue = members["extract"] {
+      if case .object(let sources) = extractValue {
+        for key in sources.keys.sorted() {
+          if RecipeTemplate("{\(key)}").single != .name(key) {
+            problem("\(path).extract.\(key)", "not a usable name (letters, digits, _ - .; not cursor, next)")
+          }
+          if let source = source(sources[key]!, "\(path).extract.\(key)") { extract.append((key, source)) }
+        }
+      } else {
+        problem("\(path).extract", "expected an object, got \(extractValue.kind)")
+      }
+    }
+    var parsedEvents: Recipe.Events?
+    if events {
+      if let eventsValue = members["events"] {
+        parsedEvents = self.events(eventsValue, "\(path).events")
+      } else {
+        problem("\(path).events", "required: where the answer's events are (\"pointer\") and their ids (\"id\")")
+      }
+    }
+    return (
+      Recipe.Step(
+        label: label, method: method, url: url, query: query, headers: headers, body: body, timeout: timeout,
+        extract: extract), parsedEvents
+    )
+  }
+
+  mutating func pairs(_ value: JSONValue?, _ path: String) -> [(String, RecipeTemplate)] {
+    guard let value else { return [] }
+    guard case .object(let members) = value else {
+      problem(path, "expected an object of strings, got \(value.kind)")
+      return []
+    }
+    return members.keys.sorted().compactMap { key in template(members[key], "\(path).\(key)").map { (key, $0) } }
+  }
+
+  // MARK: Events, sources, cursor
+
+  mutating func events(_ value: JSONValue, _ path: String) -> Recipe.Events? {
+    guard let members = object(value, path, keys: ["pointer", "id", "skip", "format", "stream"]) else { return nil }
+    if members["stream"] != nil {
+      problem("\(path).stream", "several streams per recipe are not supported yet (use recipe.stream)")
+    }
+    let pointer = self.pointer(members["pointer"], "\(path).pointer", wildcard: true) ?? ""
+    var format = Recipe.Events.Format.json
+    if let text = string(members["format"], "\(path).format") {
+      if let parsed = Recipe.Events.Format(rawValue: text) {
+        format = parsed
+      } else {
+        problem("\(path).format", "\"\(text)\" is not json or raw")
+      }
+    }
+    var id: Recipe.Source?
+    if let idValue = members["id"] {
+      if case .object(let idMembers) = idValue, let text = idMembers["template"] {
+        _ = object(idValue, "\(path).id", keys: ["template"])
+        id = template(text, "\(path).id.template").map { Recipe.Source(origin: .template($0)) }
+      } else {
+        id = source(idValue, "\(path).id")
+      }
+      if case .session = id?.origin {
+        problem("\(path).id", "an event id comes from the event, a header or a template")
+      }
+    } else {
+      problem("\(path).id", "required: an integer cursor needs each event's id (for example {\"event\": \"/id\"})")
+    }
+    var skip: [Recipe.Condition] = []
+    if let skipValue = members["skip"] {
+      if case .array(let items) = skipValue {
+        for (index, item) in items.enumerated() {
+          if let condition = condition(item, "\(path).skip[\(index)]") { skip.append(condition) }
+        }
+      } else {
+        problem("\(path).skip", "expected an array of conditions, got \(skipValue.kind)")
+      }
+    }
+    guard let id else { return nil }
+    return Recipe.Events(pointer: pointer, id: id, skip: skip, format: format)
+  }
+
+  mutating func source(_ value: JSONValue, _ path: String) -> Recipe.Source? {
+    guard
+      let members = object(value, path, keys: ["body", "header", "event", "const", "from", "name", "add", "unit"])
+    else { return nil }
+    var origins: [Recipe.Source.Origin] = []
+    if let body = pointer(members["body"], "\(path).body", wildcard: false) { origins.append(.body(body)) }
+    if let header = string(members["header"], "\(path).header") {
+      if let issue = OutgoingRequest.problem(inHeaderName: header) { problem("\(path).header", issue) }
+      origins.append(.header(header))
+    }
+    if let event = pointer(members["event"], "\(path).event", wildcard: false) { origins.append(.event(event)) }
+    if let constant = members["const"] {
+      switch constant {
+      case .string(let text): origins.append(.constant(RecipeValue(text: text)))
+      case .number(let number) where number.rounded() == number && abs(number) < 9e15:
+        origins.append(.constant(RecipeValue(text: String(Int64(number)), json: String(Int64(number)))))
+      default: problem("\(path).const", "expected a string or an integer, got \(constant.kind)")
+      }
+    }
+    if let from = string(members["from"], "\(path).from") {
+      if from != "session" {
+        problem("\(path).from", "\"\(from)\" is not session (a sync step is not supported yet)")
+      } else if let name = string(members["name"], "\(path).name") {
+        origins.append(.session(name))
+      } else {
+        problem("\(path).name", "required with from: the extracted value's name")
+      }
+    } else if members["name"] != nil {
+      problem("\(path).name", "only with from")
+    }
+    guard origins.count == 1 else {
+      problem(path, origins.isEmpty ? "needs one of body, header, event, const, from" : "names more than one origin")
+      return nil
+    }
+    var source = Recipe.Source(origin: origins[0])
+    if let add = members["add"] {
+      if case .number(let number) = add, number.rounded() == number, abs(number) < 1e15 {
+        source.add = Int64(number)
+      } else {
+        problem("\(path).add", "expected an integer, got \(add.kind)")
+      }
+    }
+    if let unit = string(members["unit"], "\(path).unit") {
+      switch unit {
+      case "s": source.milliseconds = false
+      case "ms": source.milliseconds = true
+      default: problem("\(path).unit", "\"\(unit)\" is not s or ms")
+      }
+    }
+    return source
+  }
+
+  mutating func cursor(_ value: JSONValue?) -> Recipe.Cursor? {
+    guard let value else { return Recipe.Cursor(initial: nil) }
+    guard let members = object(value, "recipe.cursor", keys: ["type", "scope", "initial", "backwards", "value"])
+    else { return nil }
+    if let type = string(members["type"], "recipe.cursor.type"), type != "integer" {
+      problem(
+        "recipe.cursor.type",
+        type == "opaque" ? "opaque cursors are not supported yet by this build" : "\"\(type)\" is not integer")
+    }
+    if let scope = string(members["scope"], "recipe.cursor.scope"), scope != "global" {
+      problem("recipe.cursor.scope", "\"\(scope)\": only global (one stream) is supported yet")
+    }
+    if let backwards = string(members["backwards"], "recipe.cursor.backwards"), backwards != "follow" {
+      problem("recipe.cursor.backwards", "\"\(backwards)\": only follow is supported yet")
+    }
+    if members["value"] != nil {
+      problem("recipe.cursor.value", "not supported yet: the cursor is the last relayed event's id (poll.events.id)")
+    }
+    var initial: Recipe.Source?
+    if let initialValue = members["initial"] {
+      initial = source(initialValue, "recipe.cursor.initial")
+      if case .event = initial?.origin {
+        problem("recipe.cursor.initial", "an initial cursor cannot come from an event")
+      }
+      if case .body = initial?.origin { problem("recipe.cursor.initial", "use from: session for a value of an answer") }
+      if case .header = initial?.origin { problem("recipe.cursor.initial", "use from: session for a header's value") }
+    }
+    return Recipe.Cursor(initial: initial)
+  }
+
+  // MARK: Rules
+
+  mutating func condition(_ value: JSONValue, _ path: String) -> Recipe.Condition? {
+    guard let members = object(value, path, keys: ["pointer", "equals", "in", "exists", "prefix"]) else { return nil }
+    guard let pointer = pointer(members["pointer"], "\(path).pointer", wildcard: true) else {
+      if members["pointer"] == nil { problem("\(path).pointer", "required") }
+      return nil
+    }
+    var tests: [Recipe.Condition.Test] = []
+    if let equals = members["equals"] { tests.append(.equals(equals)) }
+    if let values = members["in"] {
+      if case .array(let items) = values, !items.isEmpty {
+        tests.append(.oneOf(items))
+      } else {
+        problem("\(path).in", "expected a non-empty array (an empty one never matches)")
+      }
+    }
+    if let exists = members["exists"] {
+      if case .bool(let flag) = exists {
+        tests.append(.exists(flag))
+      } else {
+        problem("\(path).exists", "expected a boolean, got \(exists.kind)")
+      }
+    }
+    if let prefix = string(members["prefix"], "\(path).prefix") { tests.append(.prefix(prefix)) }
+    guard tests.count == 1 else {
+      problem(path, tests.isEmpty ? "needs one of equals, in, exists, prefix" : "has more than one test")
+      return nil
+    }
+    return Recipe.Condition(pointer: pointer, test: tests[0])
+  }
+
+  mutating func rule(_ value: JSONValue, _ path: String, hasSession: Bool) -> Recipe.Rule? {
+    guard let members = object(value, path, keys: ["step", "status", "when", "do", "after", "to", "gap"]) else {
+      return nil
+    }
+    let step = string(members["step"], "\(path).step") ?? "poll"
+    if !["poll", "session", "*"].contains(step) {
+      problem("\(path).step", "\"\(step)\" is not poll, session or * (so the rule could never match)")
+    }
+    if step == "session" && !hasSession { problem("\(path).step", "the recipe has no session step to match") }
+    var statuses: Recipe.ClosedRangeSet?
+    if let status = members["status"] {
+      var ranges: [ClosedRange<Int>] = []
+      let items: [JSONValue]
+      if case .array(let list) = status { items = list } else { items = [status] }
+      for item in items {
+        switch item {
+        case .number(let number) where number.rounded() == number && (100...599).contains(number):
+          ranges.append(Int(number)...Int(number))
+        case .string(let text) where text.count == 3 && text.hasSuffix("xx") && ("1"..."5").contains(text.prefix(1)):
+          let hundred = Int(text.prefix(1))! * 100
+          ranges.append(hundred...(hundred + 99))
+        default:
+          problem("\(path).status", "\(item.kind) is not a status code 100-599 or a class like \"4xx\" (never matches)")
+        }
+      }
+      if items.isEmpty { problem("\(path).status", "an empty list never matches") }
+      statuses = Recipe.ClosedRangeSet(ranges: ranges)
+    }
+    var when: [Recipe.Condition] = []
+    if let whenValue = members["when"] {
+      let items: [JSONValue]
+      if case .array(let list) = whenValue { items = list } else { items = [whenValue] }
+      for (index, item) in items.enumerated() {
+        if let condition = condition(item, items.count == 1 ? "\(path).when" : "\(path).when[\(index)]") {
+          when.append(condition)
+        }
+      }
+    }
+    var actions: [Recipe.Action] = []
+    switch members["do"] {
+    case .string(let text)?:
+      if let action = Recipe.Action(rawValue: text) {
+        actions = [action]
+      } else {
+        problem(
+          "\(path).do", "\"\(text)\" is not one of \(Recipe.Action.allCases.map(\.rawValue).joined(separator: ", "))")
+      }
+    case .array(let list)?:
+      for (index, item) in list.enumerated() {
+        if case .string(let text) = item, let action = Recipe.Action(rawValue: text) {
+          actions.append(action)
+        } else {
+          problem(
+            "\(path).do[\(index)]", "not one of \(Recipe.Action.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+      }
+    case nil: problem("\(path).do", "required: what the rule does")
+    case let other?: problem("\(path).do", "expected an action or a list of actions, got \(other.kind)")
+    }
+    if actions.contains(.session) && !hasSession { problem("\(path).do", "session but the recipe has no session step") }
+    let exclusive: [Recipe.Action] = [.continue, .empty, .retry, .fail]
+    if actions.filter({ exclusive.contains($0) }).count > 1
+      || (actions.count > 1 && actions.contains(where: { exclusive.contains($0) }))
+    {
+      problem("\(path).do", "\(exclusive.map(\.rawValue).joined(separator: ", ")) each stand alone")
+    }
+    let after = members["after"].flatMap { source($0, "\(path).after") }
+    if after != nil && !actions.contains(.retry) {
+      problem("\(path).after", "only with do: retry in this build")
+    }
+    let to = members["to"].flatMap { source($0, "\(path).to") }
+    if case .event = to?.origin { problem("\(path).to", "a reset target comes from the answer, not an event") }
+    if to != nil && !actions.contains(.reset) { problem("\(path).to", "only with do: reset") }
+    if actions == [.reset] && to == nil { problem("\(path).to", "required with do: reset (where the cursor goes)") }
+    var gap = false
+    if let gapValue = members["gap"] {
+      if case .bool(let flag) = gapValue { gap = flag } else { problem("\(path).gap", "expected a boolean") }
+      if !actions.contains(.reset) { problem("\(path).gap", "only with do: reset") }
+    }
+    if actions.contains(.reset) && step == "session" { problem("\(path).do", "reset reads a poll's answer") }
+    return Recipe.Rule(
+      step: step, statuses: statuses, when: when, actions: actions, after: after, to: to, gap: gap, path: path)
+  }
+}

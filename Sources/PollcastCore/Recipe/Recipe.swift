@@ -1,0 +1,157 @@
+import Foundation
+
+/// A legacy long-poll API described by configuration: optional session steps, the poll, where events and their
+/// ids are, where the cursor starts, and rules from answers to actions. `RecipeAdapter` runs it; `Recipe.parse`
+/// validates it at load and names every problem by its path (`recipe.poll.query.since: …`).
+///
+/// This build runs recipes whose cursor is an unsigned integer on one stream (the last relayed event's id, as
+/// today's adapters have it); opaque cursors, a cursor sync step, fetch-after-notify and several streams per
+/// recipe are named as not supported yet when a recipe asks for them.
+public struct Recipe: Sendable {
+  /// Shown in status events (`adapter`) and the store's source record.
+  public var name: String
+  public var stream: String
+  public var vars: [String: RecipeValue]
+  public var session: [Step]
+  public var poll: Step
+  public var events: Events
+  public var cursor: Cursor
+  public var rules: [Rule]
+  /// Per-user relaying: the account's user as the session's answer names it (nil: keyed by credential).
+  public var user: RecipeTemplate?
+  /// Vars that read the environment (secrets unless they are URLs).
+  public var environmentVars: Set<String> = []
+  /// Every environment variable the recipe reads.
+  public var environmentNames: Set<String> = []
+
+  public struct Step: Sendable {
+    public enum Body: Sendable {
+      case json(JSONValue)
+      case form([(String, RecipeTemplate)])
+    }
+    public var label: String
+    public var method: String
+    public var url: RecipeTemplate
+    public var query: [(String, RecipeTemplate)]
+    public var headers: [(String, RecipeTemplate)]
+    public var body: Body?
+    public var timeout: Double?
+    public var extract: [(String, Source)]
+  }
+
+  public struct Source: Sendable, Equatable {
+    public enum Origin: Sendable, Equatable {
+      case body(String)
+      case header(String)
+      case event(String)
+      case constant(RecipeValue)
+      case session(String)
+      case template(RecipeTemplate)
+    }
+    public var origin: Origin
+    /// Added to an integer value (etcd's `X-Etcd-Index + 1`).
+    public var add: Int64 = 0
+    /// For delays: the value is in milliseconds.
+    public var milliseconds = false
+  }
+
+  public struct Events: Sendable {
+    public enum Format: String, Sendable { case json, raw }
+    public var pointer: String
+    public var id: Source
+    public var skip: [Condition]
+    public var format: Format
+  }
+
+  public struct Cursor: Sendable {
+    public var initial: Source?
+  }
+
+  public struct Condition: Sendable {
+    public enum Test: Sendable {
+      case equals(JSONValue)
+      case oneOf([JSONValue])
+      case exists(Bool)
+      case prefix(String)
+    }
+    public var pointer: String
+    public var test: Test
+  }
+
+  public enum Action: String, Sendable, CaseIterable {
+    case `continue`, empty, session, reset, retry, fail
+  }
+
+  public struct Rule: Sendable {
+    /// Which step's answers it reads: `poll`, `session`, or `*`.
+    public var step: String
+    /// Status codes it matches (nil: any).
+    public var statuses: ClosedRangeSet?
+    public var when: [Condition]
+    public var actions: [Action]
+    public var after: Source?
+    public var to: Source?
+    public var gap: Bool
+    /// `rules[2]`, for logs and `recipe check`.
+    public var path: String
+  }
+
+  /// Status codes as ranges (`"4xx"` is 400…499).
+  public struct ClosedRangeSet: Sendable, Equatable {
+    public var ranges: [ClosedRange<Int>]
+    public func contains(_ status: Int) -> Bool { ranges.contains { $0.contains(status) } }
+  }
+
+  /// Every session step's extracted names, in order.
+  var sessionNames: Set<String> { Set(session.flatMap { $0.extract.map(\.0) }) }
+
+  /// Whether a request carries the credential (per-user relaying needs it).
+  public var usesCredential: Bool {
+    (session + [poll]).contains { step in
+      step.templates("").contains { $0.1.placeholders.contains(.credential) }
+    }
+  }
+
+  /// The poll URL with the vars in place and other placeholders as written: what identifies the API in a store.
+  public var identityURL: String {
+    var scope = RecipeScope()
+    scope.values = vars
+    return poll.url.parts.map { part in
+      switch part {
+      case .literal(let text): text
+      case .placeholder(let placeholder): scope.value(of: placeholder)?.text ?? placeholder.spelled
+      }
+    }.joined()
+  }
+
+  /// Whether any source or rule reads a response header (headers are collected only then).
+  var readsHeaders: Bool {
+    func reads(_ source: Source?) -> Bool { if case .header = source?.origin { true } else { false } }
+    return reads(events.id) || reads(cursor.initial) || session.contains { $0.extract.contains { reads($0.1) } }
+      || rules.contains { reads($0.after) || reads($0.to) } || events.format == .raw
+  }
+}
+
+extension Recipe.Step {
+  /// Every template of the step, with its path, for validation.
+  func templates(_ path: String) -> [(String, RecipeTemplate)] {
+    var all = [("\(path).url", url)]
+    all += query.map { ("\(path).query.\($0.0)", $0.1) }
+    all += headers.map { ("\(path).headers.\($0.0)", $0.1) }
+    switch body {
+    case .form(let fields): all += fields.map { ("\(path).form.\($0.0)", $0.1) }
+    case .json(let value): all += Recipe.Step.strings(in: value, "\(path).json").map { ($0.0, RecipeTemplate($0.1)) }
+    case nil: break
+    }
+    return all
+  }
+
+  static func strings(in value: JSONValue, _ path: String) -> [(String, String)] {
+    switch value {
+    case .string(let text): [(path, text)]
+    case .array(let items): items.enumerated().flatMap { strings(in: $0.element, "\(path)[\($0.offset)]") }
+    case .object(let members): members.keys.sorted().flatMap { strings(in: members[$0]!, "\(path).\($0)") }
+    default: []
+    }
+  }
+}

@@ -1,0 +1,230 @@
+import Foundation
+
+/// Runs a `Recipe` against its legacy API: the session steps at (re)start and after a `session` rule, then one
+/// poll at a time. What an answer means is decided by `RecipeAnswer.interpret` (a pure function, off the loop for a
+/// large body), so every rule is tested without sockets.
+public final class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-confined
+  public let recipe: Recipe
+  public var name: String { recipe.name }
+  let environment: [String: String]
+  let credential: String?
+  let pollTimeout: Double
+  let requestTimeout: Double
+  let connectTimeout: Double
+  /// The session's extracted values; nil until the session ran (always "ran" for a recipe without one).
+  private var sessionValues: [String: RecipeValue]?
+  /// A `[session, reset]` rule: where the cursor goes once the new session is up.
+  private var pendingReset: (to: UInt64?, gap: Bool, reason: String)?
+  /// The rule that decided the last answer (nil: a default), for `recipe check` and logs.
+  public private(set) var lastRule: String?
+  /// The cursor the last poll sent.
+  public private(set) var lastCursorSent: UInt64?
+  /// `recipe check`: no request waits longer than this, whatever the recipe's timeout.
+  public var timeoutCap: Double?
+
+  public init(
+    recipe: Recipe, environment: [String: String], credential: String?, pollTimeout: Double = 70,
+    requestTimeout: Double = 10, connectTimeout: Double = 5
+  ) {
+    self.recipe = recipe
+    self.environment = environment
+    self.credential = credential
+    self.pollTimeout = pollTimeout
+    self.requestTimeout = requestTimeout
+    self.connectTimeout = connectTimeout
+    if recipe.session.isEmpty { sessionValues = [:] }
+  }
+
+  public var canSync: Bool { false }
+  public var hasSession: Bool { sessionValues != nil }
+  public func invalidateSession() { if !recipe.session.isEmpty { sessionValues = nil } }
+
+  func scope(cursor: UInt64? = nil) -> RecipeScope {
+    var scope = RecipeScope()
+    scope.values = recipe.vars.merging(sessionValues ?? [:]) { _, session in session }
+    scope.environment = environment
+    scope.credential = credential
+    scope.cursor = cursor
+    scope.secretNames = recipe.environmentVars.union(recipe.sessionNames)
+    scope.environmentNames = recipe.environmentNames
+    return scope
+  }
+
+  public func identify(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
+    async throws(UpstreamError) -> UpstreamIdentity?
+  {
+    guard let user = recipe.user else { return nil }
+    if sessionValues == nil { try await runSession(client) }
+    let id = try user.render(scope(), .text)
+    guard !id.isEmpty else { throw UpstreamError(.decoding, "recipe.user is empty in the session's answer") }
+    return UpstreamIdentity(user: id, streams: [recipe.stream])
+  }
+
+  public func prepare(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
+    async throws(UpstreamError) -> UpstreamPreparation
+  {
+    if sessionValues == nil { try await runSession(client) }
+    var initial: [String: UInt64] = [:]
+    if let source = recipe.cursor.initial {
+      let value = try RecipeAnswer.integer(source, RecipeAnswer.Context(scope: scope()), "recipe.cursor.initial")
+      initial[recipe.stream] = value
+    }
+    return UpstreamPreparation(streams: [recipe.stream], lastIDs: nil, initialCursors: initial)
+  }
+
+  private func runSession(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
+    async throws(UpstreamError)
+  {
+    sessionValues = nil
+    var values: [String: RecipeValue] = [:]
+    for (index, step) in recipe.session.enumerated() {
+      var building = scope()
+      building.values.merge(values) { _, new in new }
+      let current = building
+      let request = try RecipeRequest.build(
+        step, current, recipe: recipe, timeout: min(step.timeout ?? requestTimeout, timeoutCap ?? .infinity),
+        connectTimeout: connectTimeout, label: "session")
+      let response = try await client.send(request)
+      let rules = recipe.rules
+      let path = "recipe.session[\(index)]"
+      let outcome = try await RecipeAnswer.decode(response) { text, json in
+        RecipeAnswer.interpretSession(
+          status: response.status, headers: response.headers, text: text, json: json, step: step, rules: rules,
+          scope: current, path: path)
+      }
+      lastRule = outcome.rule
+      values.merge(try outcome.values.get()) { _, new in new }
+    }
+    sessionValues = values
+    if let pending = pendingReset, pending.to == nil, let source = recipe.cursor.initial {
+      let to = try RecipeAnswer.integer(source, RecipeAnswer.Context(scope: scope()), "recipe.cursor.initial")
+      pendingReset = (to, pending.gap, pending.reason)
+    }
+  }
+
+  public func poll(
+    _ client: UpstreamClient, cursors: [String: UInt64], isolation: isolated (any Actor)? = #isolation
+  ) async throws(UpstreamError) -> UpstreamPollAnswer {
+    if sessionValues == nil { throw UpstreamError(.sessionExpired, "no session") }
+    var reset: UpstreamCursorReset?
+    if let pending = pendingReset, let to = pending.to {
+      reset = UpstreamCursorReset(stream: recipe.stream, to: to, gap: pending.gap, reason: pending.reason)
+    }
+    let cursor = reset?.to ?? cursors[recipe.stream] ?? 0
+    lastCursorSent = cursor
+    let current = scope(cursor: cursor)
+    let request = try RecipeRequest.build(
+      recipe.poll, current, recipe: recipe, timeout: min(recipe.poll.timeout ?? pollTimeout, timeoutCap ?? .infinity),
+      connectTimeout: connectTimeout, label: "poll")
+    let response = try await client.send(request)
+    let recipe = self.recipe
+    let verdict = try await RecipeAnswer.decode(response) { text, json in
+      RecipeAnswer.interpretPoll(
+        status: response.status, headers: response.headers, text: text, json: json, recipe: recipe, scope: current)
+    }
+    lastRule = verdict.rule
+    switch verdict.action {
+    case .answer(var answer):
+      if let reset {
+        pendingReset = nil
+        answer.resets.insert(reset, at: 0)
+      }
+      return answer
+    case .session(let reset):
+      if let reset { pendingReset = (reset.to, reset.gap, reset.reason) }
+      invalidateSession()
+      throw UpstreamError(.sessionExpired, "\(verdict.rule ?? "status 401"): new session")
+    case .error(let error):
+      throw error
+    }
+  }
+}
+
+/// A step's request, built from its templates: the URL with its query, the headers, and a JSON or form body.
+enum RecipeRequest {
+  static func build(
+    _ step: Recipe.Step, _ scope: RecipeScope, recipe: Recipe, timeout: Double, connectTimeout: Double, label: String
+  ) throws(UpstreamError) -> UpstreamRequest {
+    let vars = Set(recipe.vars.keys)
+    var url = try step.url.render(scope, .url, vars: vars)
+    var query: [String] = []
+    for (name, template) in step.query {
+      if let single = template.single, scope.value(of: single) == nil { continue }  // left out, as documented
+      query.append("\(encodeQueryValue(name))=\(try template.render(scope, .encoded))")
+    }
+    if !query.isEmpty { url += (url.contains("?") ? "&" : "?") + query.joined(separator: "&") }
+    var headers: [(String, String)] = []
+    for (name, template) in step.headers {
+      if let single = template.single, scope.value(of: single) == nil { continue }
+      headers.append((name, try template.render(scope, .header)))
+    }
+    var body: [UInt8]?
+    switch step.body {
+    case .json(let value):
+      headers.append(("Content-Type", "application/json"))
+      body = Array(try RecipeRequest.json(value, scope).utf8)
+    case .form(let fields):
+      headers.append(("Content-Type", "application/x-www-form-urlencoded"))
+      var pairs: [String] = []
+      for (name, template) in fields {
+        if let single = template.single, scope.value(of: single) == nil { continue }
+        pairs.append("\(encodeQueryValue(name))=\(try template.render(scope, .encoded))")
+      }
+      body = Array(pairs.joined(separator: "&").utf8)
+    case nil: break
+    }
+    var request = UpstreamRequest(
+      method: step.method, url: url, headers: headers, body: body, timeout: timeout, connectTimeout: connectTimeout,
+      label: label)
+    request.wantsHeaders = true
+    request.redact = scope.secrets
+    return request
+  }
+
+  /// A JSON body: strings are templates; one that is exactly a placeholder takes its value's JSON form.
+  static func json(_ value: JSONValue, _ scope: RecipeScope) throws(UpstreamError) -> String {
+    switch value {
+    case .null: return "null"
+    case .bool(let flag): return flag ? "true" : "false"
+    case .number(let number): return JSONValue.numberText(number)
+    case .string(let text):
+      let template = RecipeTemplate(text)
+      if let single = template.single {
+        guard let placed = scope.value(of: single) else {
+          throw UpstreamError(.decoding, "\(single.spelled) has no value")
+        }
+        return placed.json
+      }
+      return JSONText.quoted(try template.render(scope, .text))
+    case .array(let items):
+      var parts: [String] = []
+      for item in items { parts.append(try json(item, scope)) }
+      return "[" + parts.joined(separator: ",") + "]"
+    case .object(let members):
+      var parts: [String] = []
+      for key in members.keys.sorted() { parts.append(JSONText.quoted(key) + ":" + (try json(members[key]!, scope))) }
+      return "{" + parts.joined(separator: ",") + "}"
+    }
+  }
+}
+
+extension JSONValue {
+  /// A number as JSON text: integers without a fraction.
+  static func numberText(_ number: Double) -> String {
+    if number.rounded() == number && abs(number) < 9e15 { return String(Int64(number)) }
+    return number.isFinite ? String(number) : "null"
+  }
+
+  /// The value as compact JSON text (keys sorted).
+  public var text: String {
+    switch self {
+    case .null: "null"
+    case .bool(let flag): flag ? "true" : "false"
+    case .number(let number): JSONValue.numberText(number)
+    case .string(let text): JSONText.quoted(text)
+    case .array(let items): "[" + items.map(\.text).joined(separator: ",") + "]"
+    case .object(let members):
+      "{" + members.keys.sorted().map { JSONText.quoted($0) + ":" + members[$0]!.text }.joined(separator: ",") + "}"
+    }
+  }
+}

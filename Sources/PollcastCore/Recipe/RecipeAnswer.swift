@@ -1,0 +1,341 @@
+import Foundation
+
+/// What a recipe makes of one answer: rules first, in order (the first match wins), then the defaults — 2xx
+/// relays its events (204 or an all-whitespace body is an empty answer), 401 starts a new session when the recipe
+/// has one, 429 and 503 wait for `Retry-After` when the server sent it, anything else backs off. Pure functions of
+/// the answer, so they run off the loop for a large body and are tested without sockets.
+enum RecipeAnswer {
+  /// Where sources read from: the answer (body, headers), the current event, and the placeholders' values.
+  struct Context {
+    var json: RawJSON?
+    var headers: [(name: String, value: String)] = []
+    var event: RawJSON?
+    var scope: RecipeScope
+    var now: Date = Date()
+
+    init(json: RawJSON? = nil, headers: [(name: String, value: String)] = [], event: RawJSON? = nil, scope: RecipeScope)
+    {
+      self.json = json
+      self.headers = headers
+      self.event = event
+      self.scope = scope
+    }
+
+    func header(_ name: String) -> String? {
+      headers.last { $0.name.caseInsensitiveCompare(name) == .orderedSame }?.value
+    }
+  }
+
+  enum PollAction {
+    case answer(UpstreamPollAnswer)
+    /// A new session; with a reset, the cursor then goes to `to` (nil: `cursor.initial` after the session).
+    case session(reset: SessionReset?)
+    case error(UpstreamError)
+  }
+
+  struct SessionReset: Sendable {
+    var to: UInt64?
+    var gap: Bool
+    var reason: String
+  }
+
+  struct PollVerdict {
+    var action: PollAction
+    var rule: String?
+  }
+
+  struct SessionOutcome {
+    var values: Result<[String: RecipeValue], UpstreamError>
+    var rule: String?
+  }
+
+  /// Decodes a body (UTF-8 repair, JSON when it is JSON) and interprets it, off the loop when it is large.
+  static func decode<T: Sendable>(
+    _ response: UpstreamResponse, isolation: isolated (any Actor)? = #isolation,
+    _ interpret: @escaping @Sendable (RepairedText, RawJSON?) -> T
+  ) async throws(UpstreamError) -> T {
+    let body = response.body
+    let work: @Sendable () -> T = {
+      let text = RepairedText(body)
+      let trimmed = text.text.utf8.contains { !($0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09) }
+      return interpret(text, trimmed ? try? RawJSON.parse(text.text) : nil)
+    }
+    if body.count <= UpstreamResponse.inlineDecodeLimit { return work() }
+    return await Task.detached(priority: .userInitiated, operation: work).value
+  }
+
+  // MARK: Sources and conditions
+
+  /// A source's value, or nil when what it names is absent.
+  static func value(_ source: Recipe.Source, _ context: Context) -> RecipeValue? {
+    var found: RecipeValue?
+    switch source.origin {
+    case .body(let pointer): found = context.json?.resolve(pointer: pointer).flatMap(value(of:))
+    case .event(let pointer): found = context.event?.resolve(pointer: pointer).flatMap(value(of:))
+    case .header(let name): found = context.header(name).map { RecipeValue(text: $0) }
+    case .constant(let constant): found = constant
+    case .session(let name): found = context.scope.values[name]
+    case .template(let template): found = (try? template.render(context.scope, .text)).map { RecipeValue(text: $0) }
+    }
+    guard source.add != 0, let text = found?.text else { return found }
+    guard let number = Int64(text.trimmingCharacters(in: .whitespaces)) else { return nil }
+    let (sum, overflow) = number.addingReportingOverflow(source.add)
+    return overflow ? nil : RecipeValue(text: String(sum), json: String(sum))
+  }
+
+  static func value(of json: RawJSON) -> RecipeValue? {
+    switch json.value {
+    case .null, .tooDeep: nil
+    case .string(let text): RecipeValue(text: text, json: json.rawText)
+    default: RecipeValue(text: json.rawText, json: json.rawText)
+    }
+  }
+
+  /// A source that must hold an unsigned integer.
+  static func integer(_ source: Recipe.Source, _ context: Context, _ what: String) throws(UpstreamError) -> UInt64 {
+    guard let value = value(source, context) else { throw UpstreamError(.decoding, "\(what): names nothing") }
+    guard let number = UInt64(value.text.trimmingCharacters(in: .whitespaces)) else {
+      throw UpstreamError(.decoding, "\(what): \"\(value.text.prefix(40))\" is not an unsigned integer")
+    }
+    return number
+  }
+
+  /// A delay in seconds: a number (in the source's unit) or an HTTP date.
+  static func delay(_ source: Recipe.Source, _ context: Context) -> Double? {
+    guard let text = value(source, context)?.text.trimmingCharacters(in: .whitespaces) else { return nil }
+    if let number = Double(text), number.isFinite, number >= 0 { return source.milliseconds ? number / 1000 : number }
+    return httpDate(text).map { max(0, $0.timeIntervalSince(context.now)) }
+  }
+
+  static func httpDate(_ text: String) -> Date? {
+    let formatter = DateFormatter()
+    formatter.locale = Locale(identifier: "en_US_POSIX")
+    formatter.timeZone = TimeZone(identifier: "GMT")
+    formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
+    return formatter.date(from: text)
+  }
+
+  /// The values a pointer names; one `*` segment stands for every element or member.
+  static func resolveAll(_ json: RawJSON, _ pointer: String) -> [RawJSON] {
+    guard let star = pointer.range(of: "/*", options: []),
+      star.upperBound == pointer.endIndex || pointer[star.upperBound] == "/"
+    else { return json.resolve(pointer: pointer).map { [$0] } ?? [] }
+    let prefix = String(pointer[..<star.lowerBound])
+    let suffix = String(pointer[star.upperBound...])
+    guard let container = json.resolve(pointer: prefix) else { return [] }
+    let elements: [RawJSON]
+    switch container.value {
+    case .array(let items): elements = items
+    case .object(let members): elements = members.map(\.value)
+    default: return []
+    }
+    return elements.compactMap { $0.resolve(pointer: suffix) }
+  }
+
+  static func matches(_ condition: Recipe.Condition, _ json: RawJSON?) -> Bool {
+    let found = json.map { resolveAll($0, condition.pointer) } ?? []
+    switch condition.test {
+    case .exists(let wanted): return found.isEmpty != wanted
+    case .equals(let expected): return found.contains { equal($0, expected) }
+    case .oneOf(let options): return found.contains { value in options.contains { equal(value, $0) } }
+    case .prefix(let prefix): return found.contains { $0.stringValue?.hasPrefix(prefix) == true }
+    }
+  }
+
+  static func equal(_ json: RawJSON, _ expected: JSONValue) -> Bool {
+    switch (json.value, expected) {
+    case (.null, .null): true
+    case (.bool(let a), .bool(let b)): a == b
+    case (.number(let text), .number(let b)): Double(text) == b
+    case (.string(let a), .string(let b)): a == b
+    default: false
+    }
+  }
+
+  static func rule(
+    _ rules: [Recipe.Rule], step: String, status: Int, json: RawJSON?
+  ) -> Recipe.Rule? {
+    rules.first { rule in
+      (rule.step == step || rule.step == "*") && (rule.statuses?.contains(status) ?? true)
+        && rule.when.allSatisfy { matches($0, json) }
+    }
+  }
+
+  /// The first 200 characters of a body for an error's cause, with every secret cut out.
+  static func snippet(_ text: RepairedText, _ scope: RecipeScope) -> String? {
+    let shown = UpstreamResponse.scrub(String(text.text.prefix(200)), scope.secrets)
+    return shown.isEmpty ? nil : shown
+  }
+
+  static func retryDefault(status: Int, context: Context) -> Double? {
+    guard status == 429 || status == 503, let header = context.header("Retry-After") else { return nil }
+    return delay(Recipe.Source(origin: .header("Retry-After")), context).map { min($0, UpstreamError.maxRetryAfter) }
+      ?? (Double(header) == nil ? nil : 0)
+  }
+
+  // MARK: Session steps
+
+  static func interpretSession(
+    status: Int, headers: [(name: String, value: String)], text: RepairedText, json: RawJSON?, step: Recipe.Step,
+    rules: [Recipe.Rule], scope: RecipeScope, path: String
+  ) -> SessionOutcome {
+    var context = Context(json: json, headers: headers, scope: scope)
+    context.now = Date()
+    let rule = rule(rules, step: "session", status: status, json: json)
+    let fail = { (message: String, retry: Double?) in
+      SessionOutcome(
+        values: .failure(
+          UpstreamError(.status(status), message, cause: snippet(text, scope), retryAfter: retry)), rule: rule?.path)
+    }
+    switch rule?.actions.first {
+    case .retry?:
+      return fail("\(path) answered \(status): \(rule!.path) says retry", rule!.after.flatMap { delay($0, context) })
+    case .fail?: return fail("\(path) answered \(status): \(rule!.path) says fail", nil)
+    case .continue?, .empty?: break
+    case nil where (200...299).contains(status): break
+    case nil: return fail("\(path) answered \(status)", retryDefault(status: status, context: context))
+    default: return fail("\(path) answered \(status): \(rule!.path) cannot act on a session step", nil)
+    }
+    var values: [String: RecipeValue] = [:]
+    for (name, source) in step.extract {
+      guard let value = value(source, context) else {
+        return SessionOutcome(
+          values: .failure(
+            UpstreamError(
+              .decoding, "\(path).extract.\(name): the answer has no such value", cause: snippet(text, scope))),
+          rule: rule?.path)
+      }
+      values[name] = value
+    }
+    return SessionOutcome(values: .success(values), rule: rule?.path)
+  }
+
+  // MARK: Polls
+
+  static func interpretPoll(
+    status: Int, headers: [(name: String, value: String)], text: RepairedText, json: RawJSON?, recipe: Recipe,
+    scope: RecipeScope
+  ) -> PollVerdict {
+    var context = Context(json: json, headers: headers, scope: scope)
+    context.now = Date()
+    let rule = rule(recipe.rules, step: "poll", status: status, json: json)
+    let blank = json == nil && !text.text.utf8.contains { !($0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09) }
+    func failure(_ kind: UpstreamError.Kind, _ message: String, retry: Double? = nil) -> PollVerdict {
+      PollVerdict(
+        action: .error(UpstreamError(kind, message, cause: snippet(text, scope), retryAfter: retry)), rule: rule?.path)
+    }
+    let empty = PollVerdict(action: .answer(UpstreamPollAnswer(batches: [(recipe.stream, [])])), rule: rule?.path)
+    guard let rule else {
+      if (200...299).contains(status) {
+        if status == 204 || blank { return empty }
+        return PollVerdict(action: events(recipe, text: text, context: context), rule: nil)
+      }
+      if status == 401 && !recipe.session.isEmpty {
+        return PollVerdict(action: .session(reset: nil), rule: nil)
+      }
+      return failure(.status(status), "poll answered \(status)", retry: retryDefault(status: status, context: context))
+    }
+    let actions = rule.actions
+    let reason = "recipe_\(rule.path.replacingOccurrences(of: "recipe.", with: ""))"
+    if actions.contains(.session) {
+      var to: UInt64?
+      if actions.contains(.reset), let source = rule.to {
+        guard let value = try? integer(source, context, "\(rule.path).to") else {
+          return failure(.decoding, "\(rule.path).to: the answer has no unsigned integer there")
+        }
+        to = value
+      }
+      let reset = actions.contains(.reset) ? SessionReset(to: to, gap: rule.gap, reason: reason) : nil
+      return PollVerdict(action: .session(reset: reset), rule: rule.path)
+    }
+    switch actions.first {
+    case .reset?:
+      guard let source = rule.to, let to = try? integer(source, context, "\(rule.path).to") else {
+        return failure(.decoding, "\(rule.path).to: the answer has no unsigned integer there")
+      }
+      var answer = UpstreamPollAnswer(batches: [(recipe.stream, [])])
+      answer.resets = [UpstreamCursorReset(stream: recipe.stream, to: to, gap: rule.gap, reason: reason)]
+      return PollVerdict(action: .answer(answer), rule: rule.path)
+    case .empty?: return empty
+    case .retry?:
+      return failure(
+        .status(status), "poll answered \(status): \(rule.path) says retry",
+        retry: rule.after.flatMap { delay($0, context) } ?? retryDefault(status: status, context: context))
+    case .fail?:
+      return failure(.status(status), "poll answered \(status): \(rule.path) says fail")
+    default:  // continue
+      if status == 204 || blank { return empty }
+      return PollVerdict(action: events(recipe, text: text, context: context), rule: rule.path)
+    }
+  }
+
+  /// The answer's events, each with its id; an event that cannot be relayed is rejected alone (with its id when
+  /// it has one, so the cursor moves past it), one the recipe skips moves the cursor quietly.
+  static func events(_ recipe: Recipe, text: RepairedText, context: Context) -> PollAction {
+    let spec = recipe.events
+    var elements: [RawJSON] = []
+    var repairedText: RepairedText? = text
+    switch spec.format {
+    case .raw:
+      let wrapped = JSONText.object([
+        ("body", JSONText.quoted(text.text)),
+        ("content_type", JSONText.quoted(context.header("Content-Type") ?? "application/octet-stream")),
+      ])
+      guard let event = try? RawJSON.parse(wrapped) else {
+        return .error(UpstreamError(.decoding, "poll answer cannot be wrapped as an event"))
+      }
+      elements = [event]
+      repairedText = nil
+    case .json:
+      guard let json = context.json else {
+        return .error(UpstreamError(.decoding, "poll answer is not JSON", cause: snippet(text, context.scope)))
+      }
+      if spec.pointer.contains("/*") {
+        elements = resolveAll(json, spec.pointer)
+      } else {
+        guard let target = json.resolve(pointer: spec.pointer) else {
+          return .error(
+            UpstreamError(.decoding, "recipe.poll.events.pointer \"\(spec.pointer)\" names nothing in the answer"))
+        }
+        switch target.value {
+        case .array(let items): elements = items
+        case .null: elements = []
+        default: elements = [target]
+        }
+      }
+    }
+    var answer = UpstreamPollAnswer(batches: [])
+    var messages: [UpstreamMessage] = []
+    for element in elements {
+      var eventContext = context
+      eventContext.event = element
+      let id = value(spec.id, eventContext).flatMap { UInt64($0.text.trimmingCharacters(in: .whitespaces)) }
+      if spec.skip.contains(where: { matches($0, element) }) {
+        if let id {
+          answer.rejected.append(
+            UpstreamRejection(
+              stream: recipe.stream, id: id, reason: "skipped by recipe.poll.events.skip", expected: true))
+        }
+        continue
+      }
+      guard case .object = element.value, let id else {
+        answer.rejected.append(
+          UpstreamRejection(
+            stream: recipe.stream, id: nil,
+            reason:
+              "event without an unsigned integer id at recipe.poll.events.id: \(String(element.rawText.prefix(120)))"))
+        continue
+      }
+      guard !element.poisoned else {
+        answer.rejected.append(
+          UpstreamRejection(stream: recipe.stream, id: id, reason: "nested deeper than \(RawJSON.maxDepth) levels"))
+        continue
+      }
+      let repaired =
+        repairedText?.repaired(offset: element.offset, count: element.text.count) ?? !text.repairs.isEmpty
+      messages.append(UpstreamMessage(id: id, raw: element.rawText, repaired: repaired))
+    }
+    answer.batches.append((recipe.stream, messages.sorted { $0.id < $1.id }))
+    return .answer(answer)
+  }
+}

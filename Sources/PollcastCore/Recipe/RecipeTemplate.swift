@@ -1,0 +1,185 @@
+/// A recipe string with placeholders: `{NAME}` (a var or a session step's extracted value), `{cursor}`,
+/// `{next}` (the cursor + 1), `{env:NAME}` and `{credential}`. A `{` that does not open a placeholder (not
+/// followed by a letter and a closing `}` with only name characters between) is literal, so inline JSON needs no
+/// escaping.
+public struct RecipeTemplate: Sendable, Equatable {
+  public enum Placeholder: Sendable, Equatable, Hashable {
+    case name(String)
+    case cursor
+    case next
+    case env(String)
+    case credential
+
+    var spelled: String {
+      switch self {
+      case .name(let name): "{\(name)}"
+      case .cursor: "{cursor}"
+      case .next: "{next}"
+      case .env(let name): "{env:\(name)}"
+      case .credential: "{credential}"
+      }
+    }
+  }
+
+  public enum Part: Sendable, Equatable {
+    case literal(String)
+    case placeholder(Placeholder)
+  }
+
+  public let parts: [Part]
+  public let source: String
+
+  public init(_ text: String) {
+    source = text
+    var parts: [Part] = []
+    var literal = ""
+    var index = text.startIndex
+    while index < text.endIndex {
+      if text[index] == "{", let (placeholder, end) = RecipeTemplate.placeholder(in: text, at: index) {
+        if !literal.isEmpty { parts.append(.literal(literal)) }
+        literal = ""
+        parts.append(.placeholder(placeholder))
+        index = end
+      } else {
+        literal.append(text[index])
+        index = text.index(after: index)
+      }
+    }
+    if !literal.isEmpty { parts.append(.literal(literal)) }
+    self.parts = parts
+  }
+
+  private static func isNameCharacter(_ c: Character) -> Bool {
+    c.isASCII && (c.isLetter || c.isNumber || c == "_" || c == "-" || c == ".")
+  }
+
+  /// The placeholder opening at `start` (a `{`) and the index after its `}`, or nil when the brace is literal.
+  private static func placeholder(in text: String, at start: String.Index) -> (Placeholder, String.Index)? {
+    let afterBrace = text.index(after: start)
+    guard afterBrace < text.endIndex, text[afterBrace].isASCII, text[afterBrace].isLetter,
+      let close = text[afterBrace...].firstIndex(of: "}")
+    else { return nil }
+    let inner = text[afterBrace..<close]
+    let end = text.index(after: close)
+    if inner.hasPrefix("env:") {
+      let name = inner.dropFirst(4)
+      guard !name.isEmpty, name.allSatisfy(isNameCharacter) else { return nil }
+      return (.env(String(name)), end)
+    }
+    guard inner.allSatisfy(isNameCharacter) else { return nil }
+    switch inner {
+    case "cursor": return (.cursor, end)
+    case "next": return (.next, end)
+    case "credential": return (.credential, end)
+    default: return (.name(String(inner)), end)
+    }
+  }
+
+  public var placeholders: [Placeholder] {
+    parts.compactMap { if case .placeholder(let p) = $0 { p } else { nil } }
+  }
+
+  /// The template is exactly one placeholder (a JSON body member then takes that value's own type).
+  public var single: Placeholder? {
+    if parts.count == 1, case .placeholder(let p) = parts[0] { p } else { nil }
+  }
+}
+
+/// A value a template can place: its text, and its JSON form when it came from a JSON body (a number stays a
+/// number in a JSON request body).
+public struct RecipeValue: Sendable, Equatable {
+  public var text: String
+  public var json: String
+
+  public init(text: String, json: String? = nil) {
+    self.text = text
+    self.json = json ?? JSONText.quoted(text)
+  }
+
+  public init(_ number: UInt64) {
+    text = String(number)
+    json = text
+  }
+}
+
+/// What fills placeholders at one moment: the recipe's vars, the session's values, the cursor, the credential.
+struct RecipeScope {
+  var values: [String: RecipeValue] = [:]
+  var environment: [String: String] = [:]
+  var credential: String?
+  var cursor: UInt64?
+
+  func value(of placeholder: RecipeTemplate.Placeholder) -> RecipeValue? {
+    switch placeholder {
+    case .name(let name): values[name]
+    case .cursor: cursor.map(RecipeValue.init)
+    case .next: cursor.map { RecipeValue($0 == .max ? $0 : $0 + 1) }
+    case .env(let name): environment[name].map { RecipeValue(text: $0) }
+    case .credential: credential.map { RecipeValue(text: $0) }
+    }
+  }
+
+  /// The values (by name) that are secrets: the session's, and vars read from the environment.
+  var secretNames: Set<String> = []
+  /// The environment variables the recipe reads.
+  var environmentNames: Set<String> = []
+
+  /// Values that must never be shown: the credential, the session's values, and what the recipe reads from the
+  /// environment (a URL excepted: `redactURL` hides its userinfo and secret query values).
+  var secrets: [String] {
+    func isURL(_ text: String) -> Bool { text.hasPrefix("http://") || text.hasPrefix("https://") }
+    var all = secretNames.compactMap { values[$0]?.text }.filter { !isURL($0) }
+    all += environmentNames.compactMap { environment[$0] }.filter { !isURL($0) }
+    if let credential { all.append(credential) }
+    return all.filter { $0.count >= 4 }
+  }
+}
+
+extension RecipeTemplate {
+  /// How a placeholder's value is put in.
+  enum Placement {
+    /// The URL: vars and `{env:…}` (written by the operator) and a placeholder that starts the URL (a server
+    /// address a session step returned) go in as they are; every other value is percent-encoded.
+    case url
+    /// A query or form value: percent-encoded as a whole, literal text and values alike.
+    case encoded
+    /// A header value: as it is, refused when it holds a control byte.
+    case header
+    /// Plain text (an event id template, a user id).
+    case text
+  }
+
+  /// The rendered text, or nil naming the placeholder that has no value. Header placement refuses CR, LF and
+  /// every other control byte in a value (the one CR/LF-safe builder, `OutgoingRequest`, checks the whole
+  /// request again before it leaves).
+  func render(_ scope: RecipeScope, _ placement: Placement, vars: Set<String> = []) throws(UpstreamError) -> String {
+    var text = ""
+    for (index, part) in parts.enumerated() {
+      switch part {
+      case .literal(let literal): text += placement == .encoded ? encodeQueryValue(literal) : literal
+      case .placeholder(let placeholder):
+        guard let value = scope.value(of: placeholder) else {
+          throw UpstreamError(.decoding, "\(placeholder.spelled) has no value")
+        }
+        switch placement {
+        case .url:
+          var trusted = index == 0
+          if case .env = placeholder { trusted = true }
+          if case .name(let name) = placeholder, vars.contains(name) { trusted = true }
+          text += trusted ? value.text : encodeQueryValue(value.text)
+        case .encoded: text += encodeQueryValue(value.text)
+        case .header:
+          if let problem = OutgoingRequest.problem(inHeaderValue: value.text, "the value of \(placeholder.spelled)") {
+            throw UpstreamError(.unsafeRequest, "request refused: \(problem)")
+          }
+          text += value.text
+        case .text: text += value.text
+        }
+      }
+    }
+    return text
+  }
+
+  /// Whether every placeholder has a value in `scope`.
+  func isFilled(by scope: RecipeScope) -> Bool { placeholders.allSatisfy { scope.value(of: $0) != nil } }
+}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Pollcast builds, runs and tests with. Needs root (or sudo) and apt.
 set -euo pipefail
-# chromium and chromium-driver run the live page's browser test; redis-server runs the cluster tests (store.kind redis).
-packages=(libevent-dev libcurl4-openssl-dev libjwt-dev libssl-dev libsqlite3-dev libhiredis-dev redis-server pkg-config curl ca-certificates chromium chromium-driver openssl)
+# chromium and chromium-driver run the live page's browser test; redis-server runs the cluster tests (store.kind redis);
+# etcd-server runs the etcd v2 recipe against a real etcd.
+packages=(libevent-dev libcurl4-openssl-dev libjwt-dev libssl-dev libsqlite3-dev libhiredis-dev redis-server etcd-server pkg-config curl ca-certificates chromium chromium-driver openssl)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

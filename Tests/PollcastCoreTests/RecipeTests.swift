@@ -5,7 +5,8 @@ import Testing
 
 /// Recipes without sockets: what validation names, how templates place values, and what each answer means.
 @Suite struct RecipeTests {
-  let context = Recipe.Context(environment: ["TG_TOKEN": "123:abc-secret", "BASE": "http://127.0.0.1:9"], hasCredential: false)
+  let context = Recipe.Context(
+    environment: ["TG_TOKEN": "123:abc-secret", "BASE": "http://127.0.0.1:9"], hasCredential: false)
 
   func parse(_ text: String, context: Recipe.Context? = nil) -> Result<Recipe, ConfigurationError> {
     Recipe.parse(text, context: context ?? self.context)
@@ -116,8 +117,10 @@ import Testing
         $0.hasPrefix("recipe.poll.url: must start with http")
       })
     #expect(
-      problems(#"{"poll":{"url":"http://h","headers":{"Bad Name":"x","X":"a\r\nInjected: 1"},"events":{"id":{"event":"/id"}}}}"#)
-        .count == 2)
+      problems(
+        #"{"poll":{"url":"http://h","headers":{"Bad Name":"x","X":"a\r\nInjected: 1"},"events":{"id":{"event":"/id"}}}}"#
+      )
+      .count == 2)
   }
 
   // MARK: Templates and requests
@@ -194,7 +197,8 @@ import Testing
       headers: [("X-Etcd-Index", "2007")])
     #expect(cleared.rule == "recipe.rules[1]")
     #expect(
-      answer(cleared)?.resets == [UpstreamCursorReset(stream: "config", to: 2007, gap: true, reason: "recipe_rules[1]")])
+      answer(cleared)?.resets == [UpstreamCursorReset(stream: "config", to: 2007, gap: true, reason: "recipe_rules[1]")]
+    )
     let recovering = poll(recipe, status: 400, body: #"{"errorCode":400,"message":"watcher is cleared"}"#)
     #expect(recovering.rule == "recipe.rules[2]" && error(recovering)?.kind == .status(400))
     let event = poll(

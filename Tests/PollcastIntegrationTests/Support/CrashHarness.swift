@@ -13,13 +13,20 @@ final class RelayProcess {
 
   /// - Parameter launcher: a command that runs the relay (its path and arguments follow), e.g. `unshare` for a
   ///   mount namespace of its own.
-  init(fixture: String, store: [String], log: URL, extra: [String] = [], launcher: [String] = []) throws {
-    let arguments =
-      [
+  convenience init(fixture: String, store: [String], log: URL, extra: [String] = [], launcher: [String] = []) throws {
+    try self.init(
+      arguments: [
         "--listen", "127.0.0.1:0", "--upstream-url", "http://\(fixture)", "--upstream-api-key", "dev-key",
         "--upstream-poll-timeout-seconds", "2",
         "--upstream-backoff-base-seconds", "0.05", "--upstream-backoff-cap-seconds", "0.2", "--log-level", "warning",
-      ] + store + extra
+      ] + store + extra, log: log, launcher: launcher)
+  }
+
+  /// The relay with exactly `arguments` (and `environment` added to the test's own).
+  init(arguments: [String], log: URL, launcher: [String] = [], environment: [String: String] = [:]) throws {
+    if !environment.isEmpty {
+      process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
+    }
     if let first = launcher.first {
       process.executableURL = URL(fileURLWithPath: first)
       process.arguments = launcher.dropFirst() + [builtProduct("pollcast")] + arguments

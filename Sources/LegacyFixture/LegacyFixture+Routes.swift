@@ -9,6 +9,8 @@ final class PendingPoll: @unchecked Sendable {  // loop thread only
     case chat
     /// `/api/feed`: one user's messages in the generic single-stream shape.
     case generic
+    /// Another real API's shape over the primary account's messages (`LegacyFixture+Shapes`).
+    case shape(APIShape)
   }
 
   let id: Int
@@ -61,6 +63,7 @@ extension LegacyFixture {
     case (.get, "/api/messages/last"): lastIDs(request, token: parameters["token"])
     case (.get, "/api/messages/poll"): poll(request, parameters: parameters)
     case (.get, "/api/feed"): genericPoll(request, parameters: parameters)
+    case (_, _) where routeShape(request, path: path, parameters: parameters): break
     case (.post, "/_control/messages"): controlMessages(request)
     case (.post, "/_control/link"): controlLink(request)
     case (.delete, "/_control/link"):
@@ -101,7 +104,7 @@ extension LegacyFixture {
       status: status, reason: status == 200 ? "OK" : "Error", contentType: "application/json", bytes: bytes)
   }
 
-  private func badRequest(_ request: HTTPRequest, _ message: String) {
+  func badRequest(_ request: HTTPRequest, _ message: String) {
     json(request, JSONText.object(["error": JSONText.quoted(message)]), status: 400)
   }
 
@@ -180,7 +183,7 @@ extension LegacyFixture {
       apiKey: apiKey)
   }
 
-  private func pollTimeout(_ parameters: [String: String], _ request: HTTPRequest) -> Double? {
+  func pollTimeout(_ parameters: [String: String], _ request: HTTPRequest) -> Double? {
     guard let timeout = Double(parameters["timeout"] ?? "25"), timeout >= 0, timeout.isFinite else {
       badRequest(request, "timeout must be a number of seconds")
       return nil
@@ -188,7 +191,7 @@ extension LegacyFixture {
     return min(timeout, options.maxPollTimeout)
   }
 
-  private func park(
+  func park(
     _ request: HTTPRequest, kind: PendingPoll.Kind, token: String, cursors: [(user: String, id: UInt64)],
     timeout: Double, user: String?, apiKey: String? = nil
   ) {
@@ -264,7 +267,11 @@ extension LegacyFixture {
     case .resetMidBody:
       finish(poll) { request in self.sendPartialThenReset(request, body: body, watch: poll.watch) }
     default:
-      finish(poll) { self.json($0, body) }
+      if case .shape(let shape) = poll.kind {
+        finish(poll) { self.respondShape(shape, $0, body: body) }
+      } else {
+        finish(poll) { self.json($0, body) }
+      }
     }
   }
 
@@ -282,6 +289,8 @@ extension LegacyFixture {
         // The generic shape: {"data":{"items":[{"seq":N,"message":{…}}]}}
         let items = messages.map { "{\"seq\":\($0.id),\"message\":\($0.json)}" }.joined(separator: ",")
         return "{\"data\":{\"items\":[\(items)]}}"
+      case .shape(let shape):
+        return shapeBody(shape, after: cursor.id, messages: messages)
       }
     }
     let anyMessages = poll.cursors.contains { store.lastID($0.user) > $0.id } || poll.fault == .duplicate

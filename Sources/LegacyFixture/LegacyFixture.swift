@@ -66,6 +66,8 @@ public actor LegacyFixture {
   var nextPollID = 1
   var inFlightByToken: [String: Int] = [:]
   var faults: [FixtureFault] = []
+  /// One-off answers for the next polls of the other APIs' shapes (`queueCanned`).
+  var cannedAnswers: [CannedAnswer] = []
   var stats = Stats()
   var connections: [OpaquePointer: ConnectionWatch] = [:]
   private var chatter: LoopTimer?

@@ -119,9 +119,9 @@ struct RecipeReader {
             var scope = RecipeScope()
             scope.environment = context.environment
             for placeholder in template.placeholders {
-              if case .env(let env) = placeholder, context.environment[env] == nil {
+              if case .env(let env, nil) = placeholder, context.environment[env] == nil {
                 problem("recipe.vars.\(key)", "{env:\(env)} but the environment has no \(env)")
-              } else if case .env(let env) = placeholder {
+              } else if case .env(let env, _) = placeholder {
                 environmentVars.insert(key)
                 environmentNames.insert(env)
               } else {
@@ -179,7 +179,7 @@ struct RecipeReader {
     var names = environmentNames
     for step in session + [pollParsed.step] {
       for (_, template) in step.templates("") {
-        for case .env(let env) in template.placeholders { names.insert(env) }
+        for case .env(let env, _) in template.placeholders { names.insert(env) }
       }
     }
     recipe.environmentNames = names
@@ -203,7 +203,7 @@ struct RecipeReader {
             reader.append(
               "\(path): \(placeholder.spelled) is only known in the poll (a session runs before any cursor)")
           }
-        case .env(let name) where context.environment[name] == nil:
+        case .env(let name, nil) where context.environment[name] == nil:
           reader.append("\(path): {env:\(name)} but the environment has no \(name)")
         case .credential where !context.hasCredential:
           reader.append(
@@ -417,8 +417,9 @@ struct RecipeReader {
   }
 
   mutating func cursor(_ value: JSONValue?) -> Recipe.Cursor? {
-    guard let value else { return Recipe.Cursor(initial: nil) }
-    guard let members = object(value, "recipe.cursor", keys: ["type", "scope", "initial", "backwards", "value"])
+    guard let value else { return Recipe.Cursor(initial: nil, index: nil) }
+    guard
+      let members = object(value, "recipe.cursor", keys: ["type", "scope", "initial", "index", "backwards", "value"])
     else { return nil }
     if let type = string(members["type"], "recipe.cursor.type"), type != "integer" {
       problem(
@@ -443,7 +444,15 @@ struct RecipeReader {
       if case .body = initial?.origin { problem("recipe.cursor.initial", "use from: session for a value of an answer") }
       if case .header = initial?.origin { problem("recipe.cursor.initial", "use from: session for a header's value") }
     }
-    return Recipe.Cursor(initial: initial)
+    var index: Recipe.Source?
+    if let indexValue = members["index"] {
+      index = source(indexValue, "recipe.cursor.index")
+      switch index?.origin {
+      case .header?, .body?, nil: break
+      default: problem("recipe.cursor.index", "the answer's index comes from a header or the body")
+      }
+    }
+    return Recipe.Cursor(initial: initial, index: index)
   }
 
   // MARK: Rules

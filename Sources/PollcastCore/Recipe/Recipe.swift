@@ -65,6 +65,9 @@ public struct Recipe: Sendable {
 
   public struct Cursor: Sendable {
     public var initial: Source?
+    /// The answer's own index (Consul's `X-Consul-Index`): one below the cursor means the API's numbering went
+    /// backwards (a restored server), and the cursor follows it with a gap.
+    public var index: Source?
   }
 
   public struct Condition: Sendable {
@@ -127,7 +130,8 @@ public struct Recipe: Sendable {
   /// Whether any source or rule reads a response header (headers are collected only then).
   var readsHeaders: Bool {
     func reads(_ source: Source?) -> Bool { if case .header = source?.origin { true } else { false } }
-    return reads(events.id) || reads(cursor.initial) || session.contains { $0.extract.contains { reads($0.1) } }
+    return reads(events.id) || reads(cursor.initial) || reads(cursor.index)
+      || session.contains { $0.extract.contains { reads($0.1) } }
       || rules.contains { reads($0.after) || reads($0.to) } || events.format == .raw
   }
 }

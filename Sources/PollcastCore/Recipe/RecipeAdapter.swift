@@ -155,7 +155,8 @@ enum RecipeRequest {
     if !query.isEmpty { url += (url.contains("?") ? "&" : "?") + query.joined(separator: "&") }
     var headers: [(String, String)] = []
     for (name, template) in step.headers {
-      if let single = template.single, scope.value(of: single) == nil { continue }
+      // A header that is one placeholder with no value, or an empty one, is left out.
+      if let single = template.single, scope.value(of: single)?.text.isEmpty ?? true { continue }
       headers.append((name, try template.render(scope, .header)))
     }
     var body: [UInt8]?

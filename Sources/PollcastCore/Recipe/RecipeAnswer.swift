@@ -290,7 +290,9 @@ enum RecipeAnswer {
       guard let json = context.json else {
         return .error(UpstreamError(.decoding, "poll answer is not JSON", cause: snippet(text, context.scope)))
       }
-      if spec.pointer.contains("/*") {
+      if spec.pointer.isEmpty {
+        elements = [json]  // the whole body is one event (an object, or an array such as Consul's state)
+      } else if spec.pointer.contains("/*") {
         elements = resolveAll(json, spec.pointer)
       } else {
         guard let target = json.resolve(pointer: spec.pointer) else {
@@ -318,7 +320,12 @@ enum RecipeAnswer {
         }
         continue
       }
-      guard case .object = element.value, let id else {
+      let container: Bool
+      switch element.value {
+      case .object, .array: container = true
+      default: container = false
+      }
+      guard container, let id else {
         answer.rejected.append(
           UpstreamRejection(
             stream: recipe.stream, id: nil,
@@ -336,6 +343,16 @@ enum RecipeAnswer {
       messages.append(UpstreamMessage(id: id, raw: element.rawText, repaired: repaired))
     }
     answer.batches.append((recipe.stream, messages.sorted { $0.id < $1.id }))
+    if let source = recipe.cursor.index, let cursor = context.scope.cursor,
+      let index = value(source, context).flatMap({ UInt64($0.text.trimmingCharacters(in: .whitespaces)) }),
+      index < cursor
+    {
+      // Just below the API's index: the state at that index is news under the new numbering.
+      answer.resets = [
+        UpstreamCursorReset(
+          stream: recipe.stream, to: index > 0 ? index - 1 : 0, gap: true, reason: "upstream_index_went_backwards")
+      ]
+    }
     return .answer(answer)
   }
 }

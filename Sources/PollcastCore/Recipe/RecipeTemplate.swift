@@ -1,5 +1,5 @@
 /// A recipe string with placeholders: `{NAME}` (a var or a session step's extracted value), `{cursor}`,
-/// `{next}` (the cursor + 1), `{env:NAME}` and `{credential}`. A `{` that does not open a placeholder (not
+/// `{next}` (the cursor + 1), `{env:NAME}` (or `{env:NAME:-default}`) and `{credential}`. A `{` that does not open a placeholder (not
 /// followed by a letter and a closing `}` with only name characters between) is literal, so inline JSON needs no
 /// escaping.
 public struct RecipeTemplate: Sendable, Equatable {
@@ -7,7 +7,7 @@ public struct RecipeTemplate: Sendable, Equatable {
     case name(String)
     case cursor
     case next
-    case env(String)
+    case env(String, default: String? = nil)
     case credential
 
     var spelled: String {
@@ -15,7 +15,7 @@ public struct RecipeTemplate: Sendable, Equatable {
       case .name(let name): "{\(name)}"
       case .cursor: "{cursor}"
       case .next: "{next}"
-      case .env(let name): "{env:\(name)}"
+      case .env(let name, let fallback): fallback.map { "{env:\(name):-\($0)}" } ?? "{env:\(name)}"
       case .credential: "{credential}"
       }
     }
@@ -62,9 +62,14 @@ public struct RecipeTemplate: Sendable, Equatable {
     let inner = text[afterBrace..<close]
     let end = text.index(after: close)
     if inner.hasPrefix("env:") {
-      let name = inner.dropFirst(4)
+      var name = inner.dropFirst(4)
+      var fallback: String?
+      if let split = name.range(of: ":-") {
+        fallback = String(name[split.upperBound...])
+        name = name[..<split.lowerBound]
+      }
       guard !name.isEmpty, name.allSatisfy(isNameCharacter) else { return nil }
-      return (.env(String(name)), end)
+      return (.env(String(name), default: fallback), end)
     }
     guard inner.allSatisfy(isNameCharacter) else { return nil }
     switch inner {
@@ -114,7 +119,7 @@ struct RecipeScope {
     case .name(let name): values[name]
     case .cursor: cursor.map(RecipeValue.init)
     case .next: cursor.map { RecipeValue($0 == .max ? $0 : $0 + 1) }
-    case .env(let name): environment[name].map { RecipeValue(text: $0) }
+    case .env(let name, let fallback): (environment[name] ?? fallback).map { RecipeValue(text: $0) }
     case .credential: credential.map { RecipeValue(text: $0) }
     }
   }

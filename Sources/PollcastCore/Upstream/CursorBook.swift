@@ -134,9 +134,11 @@ struct CursorBook: Sendable {
       let sorted =
         zip(batch.messages, batch.messages.dropFirst()).allSatisfy { $0.id <= $1.id }
         ? batch.messages : batch.messages.sorted(by: { $0.id < $1.id })
-      let cursor = cursors[batch.stream] ?? 0
+      // A stream the API reset in this answer is judged from the reset point, with no memory of the old ids.
+      let reset = plan.resets.last { $0.stream == batch.stream }
+      let cursor = reset?.to ?? cursors[batch.stream] ?? 0
       let decision = CursorDecision.decide(
-        ids: sorted.map(\.id), cursor: cursor, recent: recent[batch.stream] ?? RecentIDs())
+        ids: sorted.map(\.id), cursor: cursor, recent: reset == nil ? recent[batch.stream] ?? RecentIDs() : RecentIDs())
       if decision.backwards, let last = sorted.last?.id {
         plan.rewinds.append(Rewind(stream: batch.stream, from: cursor, to: last, reason: "ids_went_backwards"))
       }
@@ -164,7 +166,10 @@ struct CursorBook: Sendable {
     var next = cursors
     for (stream, id) in plan.skipped where id > next[stream] ?? 0 { next[stream] = id }
     for rewind in plan.rewinds { next[rewind.stream] = rewind.to }
-    for reset in plan.resets { next[reset.stream] = reset.to }
+    // A reset stream whose answer also brought events stands at its last stored event (set by `stored`).
+    for reset in plan.resets where !plan.fresh.contains(where: { $0.stream == reset.stream }) {
+      next[reset.stream] = reset.to
+    }
     return next
   }
 
@@ -174,7 +179,7 @@ struct CursorBook: Sendable {
     cursors = next
     for reset in plan.resets {
       backlogUntil[reset.stream] = nil
-      recent[reset.stream] = nil
+      if !plan.fresh.contains(where: { $0.stream == reset.stream }) { recent[reset.stream] = nil }
     }
   }
 

@@ -1,0 +1,118 @@
+import Foundation
+import LegacyFixture
+import PollcastCore
+import Testing
+
+/// The example recipes in `Config/recipes/` against the fixture's faithful shapes of other real APIs (the relay
+/// binary, the SQLite store, loopback): each relays exactly once, resumes across a `kill -9`, and follows its
+/// API's own signals (Telegram's 429 `retry_after` and 409 conflict; Consul's index going backwards).
+@Suite(.serialized, .timeLimit(.minutes(5))) struct RecipeShapesTests {
+  static func recipe(_ name: String) -> String {
+    URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../Config/recipes/\(name)")
+      .standardized.path
+  }
+
+  func relay(_ recipe: String, store: String, log: URL, environment: [String: String]) throws -> RelayProcess {
+    try RelayProcess(
+      arguments: [
+        "--listen", "127.0.0.1:0", "--upstream-adapter", "recipe", "--upstream-recipe",
+        RecipeShapesTests.recipe(recipe),
+        "--store-kind", "sqlite", "--store-path", store, "--upstream-backoff-base-seconds", "0.05",
+        "--upstream-backoff-cap-seconds", "0.2", "--log-level", "info",
+      ], log: log, environment: environment)
+  }
+
+  func pumpUntil(_ reader: Reader, count: Int, timeout: Double = 10) {
+    let deadline = MonotonicClock.seconds() + timeout * timingFactor
+    while reader.messages.count < count && MonotonicClock.seconds() < deadline { reader.pump(for: 0.1) }
+  }
+
+  @Test func telegramRelaysExactlyOnceAcrossAKillAndHonoursRetryAfter() async throws {
+    let fixture = try await LegacyFixture.start()
+    let logs = try NodeLogs("pollcast-telegram", nodes: 1)
+    defer { logs.remove() }
+    let store = logs.directory.appendingPathComponent("relay.db").path
+    let environment = ["TELEGRAM_API": "http://\(fixture.address)", "TELEGRAM_TOKEN": fixture.options.apiKey]
+    var node = try relay("telegram.json", store: store, log: logs.files[0], environment: environment)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    let reader = Reader()
+    try reader.connect(port: node.port)
+    reader.pump(for: 0.3)
+    let publisher = SteadyPublisher(fixture: fixture)
+    reader.pump(for: 1)
+    node.kill9()
+    try await Task.sleep(for: .milliseconds(300))
+    // Rate limited on the first poll after the restart: the relay waits the body's retry_after, then goes on.
+    await fixture.queueCanned([
+      CannedAnswer(
+        status: 429,
+        body: #"{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 1","#
+          + #""parameters":{"retry_after":1}}"#)
+    ])
+    node = try relay("telegram.json", store: store, log: logs.files[0], environment: environment)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    try reader.connect(port: node.port)
+    reader.pump(for: 1.5)
+    let expected = await publisher.stop()
+    pumpUntil(reader, count: expected.count)
+    expectExactlyOnce([reader], expected: expected, log: { logs.tails() })
+    let log = logs.tails()
+    #expect(log.contains("delay_ms=1000"), "the 429's retry_after is the delay: \(log)")
+    let stats = await fixture.statistics()
+    #expect(stats.maxPollsInFlightPerToken == 1, "never two getUpdates at once (Telegram would answer 409)")
+    node.kill9()
+    await fixture.shutdown()
+  }
+
+  @Test func consulRelaysEachIndexOnceAndFollowsItBackwards() async throws {
+    let fixture = try await LegacyFixture.start()
+    let logs = try NodeLogs("pollcast-consul", nodes: 1)
+    defer { logs.remove() }
+    let store = logs.directory.appendingPathComponent("relay.db").path
+    let environment = [
+      "CONSUL_URL": "http://\(fixture.address)", "CONSUL_WAIT": "1s", "CONSUL_TOKEN": "consul-secret-1",
+    ]
+    var node = try relay("consul.json", store: store, log: logs.files[0], environment: environment)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    let client = try TestSSEClient(port: node.port)
+    _ = await fixture.append(user: "101", texts: ["a", "b"])
+    func states(_ client: TestSSEClient, atLeast count: Int) throws -> [(index: UInt64, keys: Int)] {
+      let deadline = MonotonicClock.seconds() + 10 * timingFactor
+      while MonotonicClock.seconds() < deadline {
+        let messages = client.events.filter { $0.type == "message" }
+        if messages.count >= count { break }
+        _ = try? client.pump(timeout: 0.1)
+      }
+      return client.events.filter { $0.type == "message" }.compactMap { event in
+        guard let json = try? RawJSON.parse(event.data), let index = json["upstream_id"]?.unsignedID,
+          case .array(let entries)? = json["message"]?.value
+        else { return nil }
+        return (index, entries.count)
+      }
+    }
+    var seen = try states(client, atLeast: 1)
+    #expect(seen.last?.index == 2 && seen.last?.keys == 2, "\(seen)")
+    // Held answers that time out with the same index are not news; a kill and restart resumes from the stored
+    // index (the state at index 2 is not relayed again).
+    try await Task.sleep(for: .milliseconds(Int(1500 * timingFactor)))
+    node.kill9()
+    _ = await fixture.append(user: "101", texts: ["c"])
+    node = try relay("consul.json", store: store, log: logs.files[0], environment: environment)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    let resumed = try TestSSEClient(
+      port: node.port, headers: [("Last-Event-ID", client.events.last { $0.hadID }!.lastEventID)])
+    seen = try states(resumed, atLeast: 1)
+    #expect(seen.map(\.index) == [3] && seen.first?.keys == 3, "\(seen)")
+    // A snapshot restore: the index goes back to 1, then a write makes it 2, below the relay's cursor (3).
+    await fixture.rewind(user: "101", to: 1)
+    _ = await fixture.append(user: "101", texts: ["after the restore"])
+    seen = try states(resumed, atLeast: 2)
+    #expect(seen.map(\.index) == [3, 2] && seen.last?.keys == 2, "\(seen)")
+    let resync = resumed.events.first { $0.type == "upstream" && $0.data.contains("\"resync\"") }
+    #expect(resync?.data.contains("upstream_index_went_backwards") == true, "\(resumed.events.map(\.data))")
+    let log = logs.tails()
+    #expect(!log.contains("consul-secret-1"), "the token is never logged")
+    node.kill9()
+    await fixture.shutdown()
+  }
+}

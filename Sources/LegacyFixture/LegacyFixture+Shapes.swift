@@ -10,7 +10,11 @@ import PollcastCore
 /// - `consul`: `GET /v1/kv/app/?recurse=true&index=N&wait=5s` blocks while the index is at most N, then answers the
 ///   whole prefix (`[{"Key","Value" (base64),"CreateIndex","ModifyIndex",…}]`, 404 when empty) with the index in
 ///   `X-Consul-Index`. After `rewind(user:to:)` the index goes backwards, as after a snapshot restore.
-public enum APIShape: String, Sendable, Equatable, CaseIterable { case telegram, consul }
+/// - `couchdb`: `GET /<db>/_changes?feed=longpoll&since=S&timeout=MS&include_docs=true` →
+///   `{"results":[{"seq","id","changes":[{"rev"}],"doc"}],"last_seq","pending"}` with CouchDB 2.x's opaque seqs
+///   (`"7-g1AAAA…"`); `since=now` starts at the newest, `since=0` at the beginning; a `.duplicate` fault redelivers
+///   the last changes again, as a cluster does after a rewound `since`.
+public enum APIShape: String, Sendable, Equatable, CaseIterable { case telegram, consul, couchdb }
 
 /// A one-off answer for the next poll of a shape (rate limits, server errors), sent instead of a real one.
 public struct CannedAnswer: Sendable {
@@ -34,6 +38,10 @@ extension LegacyFixture {
     }
     if path == "/v1/kv/app" || path == "/v1/kv/app/" {
       consulPoll(request, parameters: parameters)
+      return true
+    }
+    if path.hasSuffix("/_changes") && path.split(separator: "/").count == 2 {
+      couchPoll(request, parameters: parameters)
       return true
     }
     return false
@@ -100,6 +108,37 @@ extension LegacyFixture {
       timeout: index == 0 ? 0 : min(wait * 1.0625, options.maxPollTimeout), user: options.userID)
   }
 
+  /// CouchDB 2.x's sequence text for change `n`: the number, a dash, and an opaque blob.
+  public static func couchSeq(_ n: UInt64) -> String {
+    "\(n)-g1AAAA" + Data("pollcast-fixture-\(n)".utf8).base64EncodedString().replacingOccurrences(of: "=", with: "")
+  }
+
+  private func couchPoll(_ request: HTTPRequest, parameters: [String: String]) {
+    guard parameters["feed"] == "longpoll" else {
+      json(request, #"{"error":"bad_request","reason":"this fixture serves feed=longpoll"}"#, status: 400)
+      return
+    }
+    if sendCanned(request) { return }
+    let since = parameters["since"] ?? "0"
+    var cursor: UInt64
+    if since == "now" {
+      cursor = store.lastID(options.userID)
+    } else if let number = since.split(separator: "-").first.flatMap({ UInt64($0) }),
+      since == "0" || since == LegacyFixture.couchSeq(number)
+    {
+      cursor = number
+    } else {
+      json(
+        request, #"{"error":"bad_request","reason":"Malformed sequence supplied in 'since' parameter."}"#, status: 400)
+      return
+    }
+    cursor = min(cursor, store.lastID(options.userID))
+    let timeout = (Double(parameters["timeout"] ?? "60000") ?? 60000) / 1000
+    park(
+      request, kind: .shape(.couchdb), token: "couchdb", cursors: [(options.userID, cursor)],
+      timeout: min(max(0, timeout), options.maxPollTimeout), user: options.userID)
+  }
+
   func shapeBody(_ shape: APIShape, after cursor: UInt64, messages: [MessageStore.Message]) -> String {
     switch shape {
     case .telegram:
@@ -115,12 +154,28 @@ extension LegacyFixture {
         ])
       }
       return "[\(entries.joined(separator: ","))]"
+    case .couchdb:
+      let results = messages.map { message in
+        let rev = "1-" + String(message.id &* 2_654_435_761 % 0xFFFF_FFFF, radix: 16)
+        return JSONText.object([
+          "seq": JSONText.quoted(LegacyFixture.couchSeq(message.id)), "id": JSONText.quoted("msg-\(message.id)"),
+          "changes": "[{\"rev\":\(JSONText.quoted(rev))}]",
+          "doc": JSONText.object([
+            "_id": JSONText.quoted("msg-\(message.id)"), "_rev": JSONText.quoted(rev), "message": message.json,
+          ]),
+        ])
+      }
+      let last = max(cursor, messages.map(\.id).max() ?? 0)
+      return JSONText.object([
+        "results": "[\(results.joined(separator: ","))]", "last_seq": JSONText.quoted(LegacyFixture.couchSeq(last)),
+        "pending": "0",
+      ])
     }
   }
 
   func respondShape(_ shape: APIShape, _ request: HTTPRequest, body: String) {
     switch shape {
-    case .telegram:
+    case .telegram, .couchdb:
       json(request, body)
     case .consul:
       let index = max(1, store.lastID(options.userID))

@@ -116,3 +116,62 @@ import Testing
     await fixture.shutdown()
   }
 }
+
+extension RecipeShapesTests {
+  /// The fixture message ids (`message.doc.message.id`) and the seqs of the change events a client received.
+  static func couchChanges(_ client: TestSSEClient) -> [(id: UInt64, seq: String)] {
+    client.events.filter { $0.type == "message" }.compactMap { event in
+      guard let json = try? RawJSON.parse(event.data), let seq = json["upstream_id"]?.stringValue,
+        let id = json.resolve(pointer: "/message/doc/message/id")?.unsignedID
+      else { return nil }
+      return (id, seq)
+    }
+  }
+
+  @Test func couchdbOpaqueSeqsResumeAcrossAKillAndRedeliveriesAreDroppedOnce() async throws {
+    let fixture = try await LegacyFixture.start()
+    let logs = try NodeLogs("pollcast-couchdb", nodes: 1)
+    defer { logs.remove() }
+    let store = logs.directory.appendingPathComponent("relay.db").path
+    let environment = ["COUCH_URL": "http://\(fixture.address)", "COUCH_AUTHORIZATION": "Basic YWRtaW46c2VjcmV0"]
+    _ = await fixture.append(user: "101", texts: ["before the relay: since=now skips it"])
+    var node = try relay("couchdb.json", store: store, log: logs.files[0], environment: environment)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    var client = try TestSSEClient(port: node.port)
+    try await Task.sleep(for: .milliseconds(300))
+    let publisher = SteadyPublisher(fixture: fixture)
+    try await Task.sleep(for: .milliseconds(600))
+    // A cluster that redelivers the last changes: dropped by (id, rev).
+    await fixture.queue([.duplicate, .duplicate])
+    try await Task.sleep(for: .milliseconds(400))
+    for _ in 0..<50 { _ = try? client.pump(timeout: 0.01) }
+    var received = RecipeShapesTests.couchChanges(client)
+    let lastID = client.events.last { $0.hadID && $0.type == "message" }?.lastEventID
+    node.kill9()
+    try await Task.sleep(for: .milliseconds(300))
+    node = try relay("couchdb.json", store: store, log: logs.files[0], environment: environment)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    client = try TestSSEClient(port: node.port, headers: lastID.map { [("Last-Event-ID", $0)] } ?? [])
+    try await Task.sleep(for: .milliseconds(600))
+    let expected = await publisher.stop()
+    let deadline = MonotonicClock.seconds() + 10 * timingFactor
+    while MonotonicClock.seconds() < deadline
+      && RecipeShapesTests.couchChanges(client).count + received.count < expected.count
+    {
+      _ = try? client.pump(timeout: 0.05)
+    }
+    received += RecipeShapesTests.couchChanges(client)
+    let ids = received.map(\.id)
+    #expect(
+      ids == expected,
+      "each change exactly once, in order: got \(ids.count) of \(expected.count); first ids \(ids.prefix(8)) \(logs.tails())"
+    )
+    #expect(received.allSatisfy { $0.seq == LegacyFixture.couchSeq($0.id) }, "upstream_id is CouchDB's own seq")
+    #expect(client.events.allSatisfy { $0.type != "reset" })
+    let stats = await fixture.statistics()
+    #expect(stats.faultsApplied == 2, "both redeliveries were served")
+    #expect(!logs.tails().contains("YWRtaW46c2VjcmV0"), "the Authorization value is never logged")
+    node.kill9()
+    await fixture.shutdown()
+  }
+}

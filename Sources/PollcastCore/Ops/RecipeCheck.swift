@@ -136,7 +136,7 @@ private actor CheckDriver {
         }
         poll += 1
         print("poll \(poll) of \(polls) from cursor \(cursorText(book))")
-        let answer = try await adapter.poll(client, cursors: book.cursors)
+        let answer = try await adapter.poll(client, cursors: book.cursors, tokens: book.tokens)
         succeeded += 1
         sessions = 0
         print("  decided by \(adapter.lastRule ?? "the defaults")")
@@ -157,11 +157,15 @@ private actor CheckDriver {
         }
         if plan.duplicates > 0 { print("  \(plan.duplicates) resent event(s) dropped") }
         let before = book.cursors
-        book.stored(plan.fresh[...])
+        let tokensBefore = book.tokens
+        book.stored(plan.fresh[...], window: plan.dedupeWindow)
         let next = book.settled(plan)
         book.moved(to: next, after: plan)
+        book.moved(tokens: book.tokens(after: plan))
+        if let token = book.tokens[adapter.recipe.stream] { print("  API cursor now \(token)") }
         print(
-          before == book.cursors ? "  cursor held at \(cursorText(book))" : "  cursor moved to \(cursorText(book))")
+          before == book.cursors && tokensBefore == book.tokens
+            ? "  cursor held at \(cursorText(book))" : "  cursor moved to \(cursorText(book))")
       } catch {
         if error.kind == .timeout {
           succeeded += 1

@@ -159,7 +159,7 @@ struct RecipeReader {
       return nil
     }
     let pollParsed = step(pollValue, "recipe.poll", label: "poll", events: true)
-    let cursor = self.cursor(top["cursor"])
+    let cursor = self.cursor(top["cursor"], events: top["poll"])
     var rules: [Recipe.Rule] = []
     if let rulesValue = top["rules"] {
       if case .array(let items) = rulesValue {
@@ -172,6 +172,12 @@ struct RecipeReader {
     }
     let user = template(top["user"], "recipe.user")
     guard let pollParsed, let events = pollParsed.events, let cursor else { return nil }
+    if events.id == nil && !cursor.opaque {
+      problem(
+        "recipe.poll.events.id",
+        "required: an integer cursor is the last event's id (for example {\"event\": \"/id\"}); or use an opaque cursor"
+      )
+    }
     var recipe = Recipe(
       name: name, stream: stream, vars: vars, session: session, poll: pollParsed.step, events: events, cursor: cursor,
       rules: rules, user: user)
@@ -202,6 +208,17 @@ struct RecipeReader {
           if !cursor {
             reader.append(
               "\(path): \(placeholder.spelled) is only known in the poll (a session runs before any cursor)")
+          } else if placeholder == .next && recipe.cursor.opaque {
+            reader.append("\(path): {next} needs an integer cursor (an opaque one has no successor)")
+          } else if placeholder == .cursor && recipe.cursor.value.contains(where: { $0.part != nil }) {
+            reader.append("\(path): {cursor} of a cursor in parts: name a part ({cursor.PART})")
+          }
+        case .name(let name) where name.hasPrefix("cursor."):
+          let part = String(name.dropFirst(7))
+          if !cursor {
+            reader.append("\(path): {\(name)} is only known in the poll")
+          } else if !recipe.cursor.value.contains(where: { $0.part == part }) {
+            reader.append("\(path): {\(name)} but recipe.cursor.value has no part \"\(part)\"")
           }
         case .env(let name, nil) where context.environment[name] == nil:
           reader.append("\(path): {env:\(name)} but the environment has no \(name)")
@@ -227,7 +244,7 @@ struct RecipeReader {
     if case .session(let name) = recipe.cursor.initial?.origin, !recipe.sessionNames.contains(name) {
       found.append("recipe.cursor.initial.name: session value \"\(name)\" is not extracted by any session step")
     }
-    if case .template(let template) = recipe.events.id.origin {
+    if case .template(let template)? = recipe.events.id?.origin {
       check("recipe.poll.events.id.template", template, cursor: true, reader: &found)
     }
     if let user = recipe.user { check("recipe.user", user, cursor: false, reader: &found) }
@@ -347,8 +364,6 @@ struct RecipeReader {
       if case .session = id?.origin {
         problem("\(path).id", "an event id comes from the event, a header or a template")
       }
-    } else {
-      problem("\(path).id", "required: an integer cursor needs each event's id (for example {\"event\": \"/id\"})")
     }
     var skip: [Recipe.Condition] = []
     if let skipValue = members["skip"] {
@@ -360,7 +375,7 @@ struct RecipeReader {
         problem("\(path).skip", "expected an array of conditions, got \(skipValue.kind)")
       }
     }
-    guard let id else { return nil }
+    if members["id"] != nil && id == nil { return nil }
     return Recipe.Events(pointer: pointer, id: id, skip: skip, format: format)
   }
 
@@ -416,43 +431,99 @@ struct RecipeReader {
     return source
   }
 
-  mutating func cursor(_ value: JSONValue?) -> Recipe.Cursor? {
-    guard let value else { return Recipe.Cursor(initial: nil, index: nil) }
+  mutating func cursor(_ value: JSONValue?, events: JSONValue?) -> Recipe.Cursor? {
+    guard let value else { return Recipe.Cursor() }
     guard
-      let members = object(value, "recipe.cursor", keys: ["type", "scope", "initial", "index", "backwards", "value"])
+      let members = object(
+        value, "recipe.cursor", keys: ["type", "scope", "initial", "index", "backwards", "value", "dedupe"])
     else { return nil }
-    if let type = string(members["type"], "recipe.cursor.type"), type != "integer" {
-      problem(
-        "recipe.cursor.type",
-        type == "opaque" ? "opaque cursors are not supported yet by this build" : "\"\(type)\" is not integer")
+    var cursor = Recipe.Cursor()
+    if let type = string(members["type"], "recipe.cursor.type") {
+      switch type {
+      case "integer": cursor.opaque = false
+      case "opaque": cursor.opaque = true
+      default: problem("recipe.cursor.type", "\"\(type)\" is not integer or opaque")
+      }
     }
     if let scope = string(members["scope"], "recipe.cursor.scope"), scope != "global" {
       problem("recipe.cursor.scope", "\"\(scope)\": only global (one stream) is supported yet")
     }
     if let backwards = string(members["backwards"], "recipe.cursor.backwards"), backwards != "follow" {
-      problem("recipe.cursor.backwards", "\"\(backwards)\": only follow is supported yet")
+      problem("recipe.cursor.backwards", "\"\(backwards)\": only follow is supported yet (see cursor.index)")
     }
-    if members["value"] != nil {
-      problem("recipe.cursor.value", "not supported yet: the cursor is the last relayed event's id (poll.events.id)")
-    }
-    var initial: Recipe.Source?
-    if let initialValue = members["initial"] {
-      initial = source(initialValue, "recipe.cursor.initial")
-      if case .event = initial?.origin {
-        problem("recipe.cursor.initial", "an initial cursor cannot come from an event")
+    let sourceKeys: Set<String> = ["body", "header", "event", "const", "from", "name", "add", "unit"]
+    if let valueMember = members["value"] {
+      if !cursor.opaque {
+        problem(
+          "recipe.cursor.value", "only for an opaque cursor: an integer cursor is the last event's id (poll.events.id)")
+      } else if case .object(let parts) = valueMember, !parts.keys.contains(where: { sourceKeys.contains($0) }) {
+        for name in parts.keys.sorted() {
+          if RecipeTemplate("{cursor.\(name)}").single != .name("cursor.\(name)") {
+            problem("recipe.cursor.value.\(name)", "not a usable part name (letters, digits, _ -)")
+          }
+          if let source = source(parts[name]!, "recipe.cursor.value.\(name)") { cursor.value.append((name, source)) }
+        }
+        if parts.isEmpty { problem("recipe.cursor.value", "an empty object names no part") }
+      } else if let source = source(valueMember, "recipe.cursor.value") {
+        cursor.value = [(nil, source)]
       }
-      if case .body = initial?.origin { problem("recipe.cursor.initial", "use from: session for a value of an answer") }
-      if case .header = initial?.origin { problem("recipe.cursor.initial", "use from: session for a header's value") }
+      for (part, source) in cursor.value {
+        switch source.origin {
+        case .body, .header: break
+        default:
+          problem(
+            "recipe.cursor.value" + (part.map { ".\($0)" } ?? ""),
+            "the next cursor comes from the answer's body or a header")
+        }
+      }
+    } else if cursor.opaque {
+      problem("recipe.cursor.value", "required for an opaque cursor: where the next cursor is in an answer")
     }
-    var index: Recipe.Source?
+    if let dedupe = members["dedupe"] {
+      if !cursor.opaque { problem("recipe.cursor.dedupe", "only for an opaque cursor (integer ids dedupe by order)") }
+      if let fields = object(dedupe, "recipe.cursor.dedupe", keys: ["key", "window"]) {
+        var keys: [String] = []
+        if case .array(let items)? = fields["key"], !items.isEmpty {
+          for (index, item) in items.enumerated() {
+            if let pointer = pointer(item, "recipe.cursor.dedupe.key[\(index)]", wildcard: false) {
+              keys.append(pointer)
+            }
+          }
+        } else {
+          problem("recipe.cursor.dedupe.key", "required: a non-empty array of pointers into an event")
+        }
+        var window = 4096
+        if let windowValue = fields["window"] {
+          if case .number(let number) = windowValue, number.rounded() == number, (1...1_000_000).contains(number) {
+            window = Int(number)
+          } else {
+            problem("recipe.cursor.dedupe.window", "expected an integer 1-1000000")
+          }
+        }
+        cursor.dedupe = (keys, window)
+      }
+    }
+    if let initialValue = members["initial"] {
+      cursor.initial = source(initialValue, "recipe.cursor.initial")
+      switch cursor.initial?.origin {
+      case .event?: problem("recipe.cursor.initial", "an initial cursor cannot come from an event")
+      case .body?: problem("recipe.cursor.initial", "use from: session for a value of an answer")
+      case .header?: problem("recipe.cursor.initial", "use from: session for a header's value")
+      default: break
+      }
+      if cursor.value.contains(where: { $0.part != nil }) {
+        problem("recipe.cursor.initial", "a cursor in parts starts empty (its first poll sends none)")
+      }
+    }
     if let indexValue = members["index"] {
-      index = source(indexValue, "recipe.cursor.index")
-      switch index?.origin {
+      if cursor.opaque { problem("recipe.cursor.index", "only for an integer cursor") }
+      cursor.index = source(indexValue, "recipe.cursor.index")
+      switch cursor.index?.origin {
       case .header?, .body?, nil: break
       default: problem("recipe.cursor.index", "the answer's index comes from a header or the body")
       }
     }
-    return Recipe.Cursor(initial: initial, index: index)
+    return cursor
   }
 
   // MARK: Rules

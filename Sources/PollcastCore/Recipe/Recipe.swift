@@ -58,16 +58,26 @@ public struct Recipe: Sendable {
   public struct Events: Sendable {
     public enum Format: String, Sendable { case json, raw }
     public var pointer: String
-    public var id: Source
+    /// The event's id: the cursor for an integer recipe; shown as `upstream_id` for an opaque one (optional there).
+    public var id: Source?
     public var skip: [Condition]
     public var format: Format
   }
 
   public struct Cursor: Sendable {
+    /// Opaque: the API's own cursor text (`value`), sent back as `{cursor}` (or `{cursor.PART}`), never compared
+    /// by order; events are numbered by the relay and deduplicated by `dedupe`.
+    public var opaque = false
+    /// Opaque: where the next cursor is in an answer — one source, or named parts (nchan's Last-Modified + Etag).
+    public var value: [(part: String?, source: Source)] = []
+    /// Opaque: what identifies an event (pointers into it, joined), and how many recent keys are remembered.
+    public var dedupe: (keys: [String], window: Int)?
     public var initial: Source?
     /// The answer's own index (Consul's `X-Consul-Index`): one below the cursor means the API's numbering went
     /// backwards (a restored server), and the cursor follows it with a gap.
     public var index: Source?
+
+    public init() {}
   }
 
   public struct Condition: Sendable {
@@ -131,6 +141,7 @@ public struct Recipe: Sendable {
   var readsHeaders: Bool {
     func reads(_ source: Source?) -> Bool { if case .header = source?.origin { true } else { false } }
     return reads(events.id) || reads(cursor.initial) || reads(cursor.index)
+      || cursor.value.contains { reads($0.source) }
       || session.contains { $0.extract.contains { reads($0.1) } }
       || rules.contains { reads($0.after) || reads($0.to) } || events.format == .raw
   }

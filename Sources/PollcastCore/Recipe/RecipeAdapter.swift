@@ -14,7 +14,10 @@ public final class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loo
   /// The session's extracted values; nil until the session ran (always "ran" for a recipe without one).
   private var sessionValues: [String: RecipeValue]?
   /// A `[session, reset]` rule: where the cursor goes once the new session is up.
-  private var pendingReset: (to: UInt64?, gap: Bool, reason: String)?
+  private var pendingReset: (to: UInt64?, token: String?, gap: Bool, reason: String)?
+  /// An opaque cursor's first text (`cursor.initial`), until the API gives one.
+  private var initialToken: String?
+
   /// The rule that decided the last answer (nil: a default), for `recipe check` and logs.
   public private(set) var lastRule: String?
   /// The cursor the last poll sent.
@@ -66,8 +69,15 @@ public final class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loo
     if sessionValues == nil { try await runSession(client) }
     var initial: [String: UInt64] = [:]
     if let source = recipe.cursor.initial {
-      let value = try RecipeAnswer.integer(source, RecipeAnswer.Context(scope: scope()), "recipe.cursor.initial")
-      initial[recipe.stream] = value
+      let context = RecipeAnswer.Context(scope: scope())
+      if recipe.cursor.opaque {
+        guard let text = RecipeAnswer.value(source, context)?.text else {
+          throw UpstreamError(.decoding, "recipe.cursor.initial: names nothing")
+        }
+        initialToken = text
+      } else {
+        initial[recipe.stream] = try RecipeAnswer.integer(source, context, "recipe.cursor.initial")
+      }
     }
     return UpstreamPreparation(streams: [recipe.stream], lastIDs: nil, initialCursors: initial)
   }
@@ -96,31 +106,50 @@ public final class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loo
       values.merge(try outcome.values.get()) { _, new in new }
     }
     sessionValues = values
-    if let pending = pendingReset, pending.to == nil, let source = recipe.cursor.initial {
-      let to = try RecipeAnswer.integer(source, RecipeAnswer.Context(scope: scope()), "recipe.cursor.initial")
-      pendingReset = (to, pending.gap, pending.reason)
+    if let pending = pendingReset, pending.to == nil || (recipe.cursor.opaque && pending.token == nil),
+      let source = recipe.cursor.initial
+    {
+      let context = RecipeAnswer.Context(scope: scope())
+      if recipe.cursor.opaque {
+        guard let text = RecipeAnswer.value(source, context)?.text else {
+          throw UpstreamError(.decoding, "recipe.cursor.initial: names nothing")
+        }
+        pendingReset = (pending.to, text, pending.gap, pending.reason)
+      } else {
+        pendingReset = (
+          try RecipeAnswer.integer(source, context, "recipe.cursor.initial"), nil, pending.gap, pending.reason
+        )
+      }
     }
   }
 
   public func poll(
-    _ client: UpstreamClient, cursors: [String: UInt64], isolation: isolated (any Actor)? = #isolation
+    _ client: UpstreamClient, cursors: [String: UInt64], tokens: [String: String] = [:],
+    isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     if sessionValues == nil { throw UpstreamError(.sessionExpired, "no session") }
     var reset: UpstreamCursorReset?
-    if let pending = pendingReset, let to = pending.to {
+    var resetToken: String?
+    if let pending = pendingReset, let to = pending.to ?? (recipe.cursor.opaque ? cursors[recipe.stream] ?? 0 : nil) {
       reset = UpstreamCursorReset(stream: recipe.stream, to: to, gap: pending.gap, reason: pending.reason)
+      resetToken = pending.token
     }
     let cursor = reset?.to ?? cursors[recipe.stream] ?? 0
     lastCursorSent = cursor
-    let current = scope(cursor: cursor)
+    var current = scope(cursor: cursor)
+    if recipe.cursor.opaque {
+      current.opaque = true
+      current.token = resetToken ?? tokens[recipe.stream] ?? initialToken
+    }
     let request = try RecipeRequest.build(
       recipe.poll, current, recipe: recipe, timeout: min(recipe.poll.timeout ?? pollTimeout, timeoutCap ?? .infinity),
       connectTimeout: connectTimeout, label: "poll")
     let response = try await client.send(request)
     let recipe = self.recipe
+    let sent = current
     let verdict = try await RecipeAnswer.decode(response) { text, json in
       RecipeAnswer.interpretPoll(
-        status: response.status, headers: response.headers, text: text, json: json, recipe: recipe, scope: current)
+        status: response.status, headers: response.headers, text: text, json: json, recipe: recipe, scope: sent)
     }
     lastRule = verdict.rule
     switch verdict.action {
@@ -128,15 +157,33 @@ public final class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loo
       if let reset {
         pendingReset = nil
         answer.resets.insert(reset, at: 0)
+        // The reset's cursor is what this poll sent: stored with the answer unless the answer moved it on.
+        if let resetToken, answer.tokens[recipe.stream] == nil { answer.tokens[recipe.stream] = resetToken }
       }
+      if recipe.cursor.opaque { number(&answer, keys: verdict.keys, after: cursor) }
       return answer
     case .session(let reset):
-      if let reset { pendingReset = (reset.to, reset.gap, reset.reason) }
+      if let reset { pendingReset = (reset.to, reset.token, reset.gap, reset.reason) }
       invalidateSession()
       throw UpstreamError(.sessionExpired, "\(verdict.rule ?? "status 401"): new session")
     case .error(let error):
       throw error
     }
+  }
+}
+
+extension RecipeAdapter {
+  /// Numbers an opaque recipe's events after `cursor` (the count of events relayed) and gives each its dedupe
+  /// key; the cursor book drops those it stored lately (an API that redelivers: CouchDB after a rewound `since`).
+  fileprivate func number(_ answer: inout UpstreamPollAnswer, keys: [String?], after cursor: UInt64) {
+    guard let index = answer.batches.firstIndex(where: { $0.stream == recipe.stream }) else { return }
+    var next = cursor
+    for position in answer.batches[index].messages.indices {
+      next = next == .max ? next : next + 1
+      answer.batches[index].messages[position].id = next
+      if position < keys.count { answer.batches[index].messages[position].dedupeKey = keys[position] }
+    }
+    answer.dedupeWindow = recipe.cursor.dedupe?.window ?? RecentKeys.defaultCapacity
   }
 }
 

@@ -35,6 +35,8 @@ enum RecipeAnswer {
 
   struct SessionReset: Sendable {
     var to: UInt64?
+    /// An opaque cursor's new text (nil: `cursor.initial` after the session).
+    var token: String?
     var gap: Bool
     var reason: String
   }
@@ -42,6 +44,8 @@ enum RecipeAnswer {
   struct PollVerdict {
     var action: PollAction
     var rule: String?
+    /// Opaque cursors: each message's dedupe key (nil: none), in the order of the answer's one batch.
+    var keys: [String?] = []
   }
 
   struct SessionOutcome {
@@ -228,7 +232,7 @@ enum RecipeAnswer {
     guard let rule else {
       if (200...299).contains(status) {
         if status == 204 || blank { return empty }
-        return PollVerdict(action: events(recipe, text: text, context: context), rule: nil)
+        return events(recipe, text: text, context: context, rule: nil)
       }
       if status == 401 && !recipe.session.isEmpty {
         return PollVerdict(action: .session(reset: nil), rule: nil)
@@ -239,22 +243,43 @@ enum RecipeAnswer {
     let reason = "recipe_\(rule.path.replacingOccurrences(of: "recipe.", with: ""))"
     if actions.contains(.session) {
       var to: UInt64?
+      var token: String?
       if actions.contains(.reset), let source = rule.to {
-        guard let value = try? integer(source, context, "\(rule.path).to") else {
-          return failure(.decoding, "\(rule.path).to: the answer has no unsigned integer there")
+        if recipe.cursor.opaque {
+          guard let text = value(source, context)?.text else {
+            return failure(.decoding, "\(rule.path).to: the answer has no value there")
+          }
+          to = scope.cursor ?? 0
+          token = text
+        } else {
+          guard let value = try? integer(source, context, "\(rule.path).to") else {
+            return failure(.decoding, "\(rule.path).to: the answer has no unsigned integer there")
+          }
+          to = value
         }
-        to = value
       }
-      let reset = actions.contains(.reset) ? SessionReset(to: to, gap: rule.gap, reason: reason) : nil
+      let reset =
+        actions.contains(.reset) ? SessionReset(to: to, token: token, gap: rule.gap, reason: reason) : nil
       return PollVerdict(action: .session(reset: reset), rule: rule.path)
     }
     switch actions.first {
     case .reset?:
-      guard let source = rule.to, let to = try? integer(source, context, "\(rule.path).to") else {
-        return failure(.decoding, "\(rule.path).to: the answer has no unsigned integer there")
-      }
       var answer = UpstreamPollAnswer(batches: [(recipe.stream, [])])
-      answer.resets = [UpstreamCursorReset(stream: recipe.stream, to: to, gap: rule.gap, reason: reason)]
+      if recipe.cursor.opaque {
+        // The API's new cursor text; the relay's own count of events stays where it is.
+        guard let source = rule.to, let text = value(source, context)?.text else {
+          return failure(.decoding, "\(rule.path).to: the answer has no value there")
+        }
+        answer.tokens[recipe.stream] = text
+        answer.resets = [
+          UpstreamCursorReset(stream: recipe.stream, to: scope.cursor ?? 0, gap: rule.gap, reason: reason)
+        ]
+      } else {
+        guard let source = rule.to, let to = try? integer(source, context, "\(rule.path).to") else {
+          return failure(.decoding, "\(rule.path).to: the answer has no unsigned integer there")
+        }
+        answer.resets = [UpstreamCursorReset(stream: recipe.stream, to: to, gap: rule.gap, reason: reason)]
+      }
       return PollVerdict(action: .answer(answer), rule: rule.path)
     case .empty?: return empty
     case .retry?:
@@ -265,14 +290,16 @@ enum RecipeAnswer {
       return failure(.status(status), "poll answered \(status): \(rule.path) says fail")
     default:  // continue
       if status == 204 || blank { return empty }
-      return PollVerdict(action: events(recipe, text: text, context: context), rule: rule.path)
+      return events(recipe, text: text, context: context, rule: rule.path)
     }
   }
 
   /// The answer's events, each with its id; an event that cannot be relayed is rejected alone (with its id when
-  /// it has one, so the cursor moves past it), one the recipe skips moves the cursor quietly.
-  static func events(_ recipe: Recipe, text: RepairedText, context: Context) -> PollAction {
+  /// it has one, so the cursor moves past it), one the recipe skips moves the cursor quietly. An opaque recipe's
+  /// events get their numbers later (`RecipeAdapter`, after dedupe) and the answer carries the API's next cursor.
+  static func events(_ recipe: Recipe, text: RepairedText, context: Context, rule: String?) -> PollVerdict {
     let spec = recipe.events
+    func failed(_ error: UpstreamError) -> PollVerdict { PollVerdict(action: .error(error), rule: rule) }
     var elements: [RawJSON] = []
     var repairedText: RepairedText? = text
     switch spec.format {
@@ -282,13 +309,13 @@ enum RecipeAnswer {
         ("content_type", JSONText.quoted(context.header("Content-Type") ?? "application/octet-stream")),
       ])
       guard let event = try? RawJSON.parse(wrapped) else {
-        return .error(UpstreamError(.decoding, "poll answer cannot be wrapped as an event"))
+        return failed(UpstreamError(.decoding, "poll answer cannot be wrapped as an event"))
       }
       elements = [event]
       repairedText = nil
     case .json:
       guard let json = context.json else {
-        return .error(UpstreamError(.decoding, "poll answer is not JSON", cause: snippet(text, context.scope)))
+        return failed(UpstreamError(.decoding, "poll answer is not JSON", cause: snippet(text, context.scope)))
       }
       if spec.pointer.isEmpty {
         elements = [json]  // the whole body is one event (an object, or an array such as Consul's state)
@@ -296,7 +323,7 @@ enum RecipeAnswer {
         elements = resolveAll(json, spec.pointer)
       } else {
         guard let target = json.resolve(pointer: spec.pointer) else {
-          return .error(
+          return failed(
             UpstreamError(.decoding, "recipe.poll.events.pointer \"\(spec.pointer)\" names nothing in the answer"))
         }
         switch target.value {
@@ -306,14 +333,17 @@ enum RecipeAnswer {
         }
       }
     }
+    let opaque = recipe.cursor.opaque
     var answer = UpstreamPollAnswer(batches: [])
     var messages: [UpstreamMessage] = []
+    var keys: [String?] = []
     for element in elements {
       var eventContext = context
       eventContext.event = element
-      let id = value(spec.id, eventContext).flatMap { UInt64($0.text.trimmingCharacters(in: .whitespaces)) }
+      let shown = spec.id.flatMap { value($0, eventContext)?.text.trimmingCharacters(in: .whitespaces) }
+      let id = opaque ? 0 : shown.flatMap { UInt64($0) }
       if spec.skip.contains(where: { matches($0, element) }) {
-        if let id {
+        if let id, !opaque {
           answer.rejected.append(
             UpstreamRejection(
               stream: recipe.stream, id: id, reason: "skipped by recipe.poll.events.skip", expected: true))
@@ -329,20 +359,34 @@ enum RecipeAnswer {
         answer.rejected.append(
           UpstreamRejection(
             stream: recipe.stream, id: nil,
-            reason:
-              "event without an unsigned integer id at recipe.poll.events.id: \(String(element.rawText.prefix(120)))"))
+            reason: opaque
+              ? "event is neither an object nor an array: \(String(element.rawText.prefix(120)))"
+              : "event without an unsigned integer id at recipe.poll.events.id: \(String(element.rawText.prefix(120)))")
+        )
         continue
       }
       guard !element.poisoned else {
         answer.rejected.append(
-          UpstreamRejection(stream: recipe.stream, id: id, reason: "nested deeper than \(RawJSON.maxDepth) levels"))
+          UpstreamRejection(
+            stream: recipe.stream, id: opaque ? nil : id, reason: "nested deeper than \(RawJSON.maxDepth) levels"))
         continue
       }
       let repaired =
         repairedText?.repaired(offset: element.offset, count: element.text.count) ?? !text.repairs.isEmpty
-      messages.append(UpstreamMessage(id: id, raw: element.rawText, repaired: repaired))
+      messages.append(UpstreamMessage(id: id, raw: element.rawText, repaired: repaired, label: opaque ? shown : nil))
+      if opaque, let dedupe = recipe.cursor.dedupe {
+        let parts = dedupe.keys.map { element.resolve(pointer: $0).map { value(of: $0)?.text ?? "null" } }
+        keys.append(parts.contains { $0 == nil } ? nil : parts.map { $0! }.joined(separator: "\u{1F}"))
+      } else {
+        keys.append(nil)
+      }
     }
-    answer.batches.append((recipe.stream, messages.sorted { $0.id < $1.id }))
+    if opaque {
+      answer.batches.append((recipe.stream, messages))  // the API's order: numbered in it later
+      if let token = nextToken(recipe.cursor, context) { answer.tokens[recipe.stream] = token }
+    } else {
+      answer.batches.append((recipe.stream, messages.sorted { $0.id < $1.id }))
+    }
     if let source = recipe.cursor.index, let cursor = context.scope.cursor,
       let index = value(source, context).flatMap({ UInt64($0.text.trimmingCharacters(in: .whitespaces)) }),
       index < cursor
@@ -353,6 +397,23 @@ enum RecipeAnswer {
           stream: recipe.stream, to: index > 0 ? index - 1 : 0, gap: true, reason: "upstream_index_went_backwards")
       ]
     }
-    return .answer(answer)
+    return PollVerdict(action: .answer(answer), rule: rule, keys: keys)
+  }
+
+  /// An opaque cursor's next text from an answer: one source's value, or the parts as a JSON object (a part the
+  /// answer lacks keeps its previous value). Nil when the answer carries none.
+  static func nextToken(_ cursor: Recipe.Cursor, _ context: Context) -> String? {
+    if cursor.value.count == 1, cursor.value[0].part == nil {
+      return value(cursor.value[0].source, context)?.text
+    }
+    var parts = context.scope.cursorParts
+    var found = false
+    for (part, source) in cursor.value {
+      guard let part, let text = value(source, context)?.text else { continue }
+      parts[part] = text
+      found = true
+    }
+    guard found else { return nil }
+    return JSONText.object(parts.keys.sorted().map { ($0, JSONText.quoted(parts[$0]!)) })
   }
 }

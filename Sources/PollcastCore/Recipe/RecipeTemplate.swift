@@ -112,12 +112,28 @@ struct RecipeScope {
   var values: [String: RecipeValue] = [:]
   var environment: [String: String] = [:]
   var credential: String?
+  /// The relay's cursor: the last event's id (integer recipes) or the count of relayed events (opaque ones).
   var cursor: UInt64?
+  /// An opaque cursor's text, sent as `{cursor}`; nil before the API gave one.
+  var token: String?
+  /// Whether `{cursor}` is the opaque text rather than the integer.
+  var opaque = false
+
+  /// An opaque cursor in parts (`{cursor.PART}`): the token is their JSON object.
+  var cursorParts: [String: String] {
+    guard let token, token.hasPrefix("{"), let json = try? RawJSON.parse(token), case .object(let members) = json.value
+    else { return [:] }
+    var parts: [String: String] = [:]
+    for (key, value) in members { if let text = value.stringValue { parts[key] = text } }
+    return parts
+  }
 
   func value(of placeholder: RecipeTemplate.Placeholder) -> RecipeValue? {
     switch placeholder {
+    case .name(let name) where name.hasPrefix("cursor."):
+      cursorParts[String(name.dropFirst(7))].map { RecipeValue(text: $0) }
     case .name(let name): values[name]
-    case .cursor: cursor.map(RecipeValue.init)
+    case .cursor: opaque ? token.map { RecipeValue(text: $0) } : cursor.map(RecipeValue.init)
     case .next: cursor.map { RecipeValue($0 == .max ? $0 : $0 + 1) }
     case .env(let name, let fallback): (environment[name] ?? fallback).map { RecipeValue(text: $0) }
     case .credential: credential.map { RecipeValue(text: $0) }

@@ -65,19 +65,23 @@ extension EventStore {
 public struct FeedPosition: Sendable, Equatable {
   public var streams: [String]
   public var cursors: [String: UInt64]
+  /// Per stream, the API's own opaque cursor (a recipe with `cursor.type` opaque: CouchDB's `last_seq`, nchan's
+  /// `Last-Modified` + `Etag`); `cursors` then counts the stream's relayed events.
+  public var tokens: [String: String] = [:]
   /// The ids relayed lately per stream (in memory only, never stored: rebuilt from the stored events): an
   /// upstream that resends its last page after a restart is then recognised as resending (dropped), not as ids
   /// going backwards (relayed again).
   var recent: [String: RecentIDs] = [:]
 
-  public init(streams: [String], cursors: [String: UInt64]) {
+  public init(streams: [String], cursors: [String: UInt64], tokens: [String: String] = [:]) {
     self.streams = streams
     self.cursors = cursors
+    self.tokens = tokens
   }
 
   /// Equal when they stand at the same place (what is stored); `recent` is a memory of it.
   public static func == (lhs: FeedPosition, rhs: FeedPosition) -> Bool {
-    lhs.streams == rhs.streams && lhs.cursors == rhs.cursors
+    lhs.streams == rhs.streams && lhs.cursors == rhs.cursors && lhs.tokens == rhs.tokens
   }
 }
 

@@ -157,6 +157,10 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     if tables == 0 { try createSchema() }
     // Added after schema version 1 shipped: stores made before it gain it here.
     try execute("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    // The API's opaque cursor per stream (opaque-cursor recipes), added after version 1 too.
+    if try integer("SELECT count(*) FROM pragma_table_info('cursors') WHERE name = 'token'") == 0 {
+      try execute("ALTER TABLE cursors ADD COLUMN token TEXT")
+    }
   }
 
   /// Records `source` in a new store, or checks that an existing store was filled from it.
@@ -363,13 +367,15 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
 
     var streams: [String] = []
     var cursors: [String: UInt64] = [:]
-    let positions = try statement("SELECT stream, cursor FROM cursors WHERE feed = ?1 ORDER BY ord")
+    var tokens: [String: String] = [:]
+    let positions = try statement("SELECT stream, cursor, token FROM cursors WHERE feed = ?1 ORDER BY ord")
     defer { sqlite3_reset(positions) }
     sqlite3_bind_int64(positions, 1, feedID)
     while try step(positions) {
       let stream = columnText(positions, 0)
       streams.append(stream)
       cursors[stream] = UInt64(bitPattern: sqlite3_column_int64(positions, 1))
+      if sqlite3_column_type(positions, 2) != SQLITE_NULL { tokens[stream] = columnText(positions, 2) }
     }
     var unissued: [ClosedRange<UInt64>] = []
     if let text = try metaValue("unissued:\(feed)") {
@@ -380,7 +386,8 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     }
     return StoredFeed(
       headID: head, floorID: floor, events: events,
-      position: streams.isEmpty ? nil : FeedPosition(streams: streams, cursors: cursors), unissued: unissued)
+      position: streams.isEmpty ? nil : FeedPosition(streams: streams, cursors: cursors, tokens: tokens),
+      unissued: unissued)
   }
 
   // MARK: Writing
@@ -419,13 +426,19 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
         sqlite3_bind_int64(clear, 1, feedID)
         defer { sqlite3_reset(clear) }
         _ = try step(clear)
-        let insert = try statement("INSERT INTO cursors(feed, ord, stream, cursor) VALUES (?1, ?2, ?3, ?4)")
+        let insert = try statement(
+          "INSERT INTO cursors(feed, ord, stream, cursor, token) VALUES (?1, ?2, ?3, ?4, ?5)")
         for (order, stream) in position.streams.enumerated() {
           defer { sqlite3_reset(insert) }
           sqlite3_bind_int64(insert, 1, feedID)
           sqlite3_bind_int64(insert, 2, Int64(order))
           sqlite3_bind_text(insert, 3, stream, -1, pollcast_sqlite_transient())
           sqlite3_bind_int64(insert, 4, Int64(bitPattern: position.cursors[stream] ?? 0))
+          if let token = position.tokens[stream] {
+            sqlite3_bind_text(insert, 5, token, -1, pollcast_sqlite_transient())
+          } else {
+            sqlite3_bind_null(insert, 5)
+          }
           _ = try step(insert)
         }
       }

@@ -99,7 +99,8 @@ public final class ChatAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-
   }
 
   public func poll(
-    _ client: UpstreamClient, cursors: [String: UInt64], isolation: isolated (any Actor)? = #isolation
+    _ client: UpstreamClient, cursors: [String: UInt64], tokens: [String: String] = [:],
+    isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     guard let token else { throw UpstreamError(.sessionExpired, "no session") }
     let cursor = cursors.keys.sorted { order($0) < order($1) }.map { "\($0):\(cursors[$0]!)" }.joined(separator: ",")

@@ -8,11 +8,15 @@
 struct CursorBook: Sendable {
   private(set) var streams: [String] = []
   private(set) var cursors: [String: UInt64] = [:]
+  /// The API's opaque cursor per stream (opaque-cursor recipes), stored with the position.
+  private(set) var tokens: [String: String] = [:]
   /// Per stream, the upstream's newest id when its backlog began: messages up to it are `backlog: true`.
   private(set) var backlogUntil: [String: UInt64] = [:]
   /// Upstream ids relayed lately, per stream: an id at or below the cursor that is among them is a resend (a
   /// duplicate); one that is not means the upstream's ids went backwards.
   private(set) var recent: [String: RecentIDs] = [:]
+  /// Dedupe keys stored lately, per stream (opaque-cursor recipes; in memory, rebuilt empty after a restart).
+  private(set) var recentKeys: [String: RecentKeys] = [:]
   /// Whether a session was prepared before (a stream seen later is attached, and starts from the server's newest).
   private(set) var hadSession = false
   /// Polling on from a stored position: what the upstream got meanwhile is news, not backlog.
@@ -24,13 +28,15 @@ struct CursorBook: Sendable {
   init(restoring position: UpstreamWorker.Position) {
     streams = position.streams
     cursors = position.cursors
+    tokens = position.tokens
     recent = position.recent
     hadSession = true
     restored = true
   }
 
   var position: UpstreamWorker.Position? {
-    streams.isEmpty ? nil : UpstreamWorker.Position(streams: streams, cursors: cursors, recent: recent)
+    streams.isEmpty
+      ? nil : UpstreamWorker.Position(streams: streams, cursors: cursors, tokens: tokens, recent: recent)
   }
 
   /// The upstream's ids moved below the relay's cursor: the relay follows the server, and tells clients.
@@ -59,6 +65,7 @@ struct CursorBook: Sendable {
     let next = preparation.streams
     for stream in streams where !next.contains(stream) {
       cursors[stream] = nil
+      tokens[stream] = nil
       backlogUntil[stream] = nil
       changes.detached.append(stream)
     }
@@ -113,6 +120,9 @@ struct CursorBook: Sendable {
     var duplicates = 0
     /// Cursors the API moved (recipe `reset`), for known streams.
     var resets: [UpstreamCursorReset] = []
+    /// The API's opaque cursors after the answer, for known streams: committed with its last messages.
+    var tokens: [String: String] = [:]
+    var dedupeWindow = RecentKeys.defaultCapacity
 
     var wentBackwards: Bool { !rewinds.isEmpty }
   }
@@ -125,6 +135,7 @@ struct CursorBook: Sendable {
       }
     }
     plan.resets = answer.resets.filter { streams.contains($0.stream) }
+    plan.tokens = answer.tokens.filter { streams.contains($0.key) }
     for batch in answer.batches {
       guard streams.contains(batch.stream) else {
         plan.unknownStreams.append(batch.stream)
@@ -142,8 +153,19 @@ struct CursorBook: Sendable {
       if decision.backwards, let last = sorted.last?.id {
         plan.rewinds.append(Rewind(stream: batch.stream, from: cursor, to: last, reason: "ids_went_backwards"))
       }
-      plan.duplicates += sorted.count - decision.fresh.count
-      for index in decision.fresh { plan.fresh.append((batch.stream, sorted[index])) }
+      var keysInAnswer: Set<String> = []
+      var kept = 0
+      for index in decision.fresh {
+        let message = sorted[index]
+        if let key = message.dedupeKey {
+          // Delivered again (lately, or twice in this answer): relayed once already.
+          if recentKeys[batch.stream]?.contains(key) == true || !keysInAnswer.insert(key).inserted { continue }
+        }
+        plan.fresh.append((batch.stream, message))
+        kept += 1
+      }
+      plan.duplicates += sorted.count - kept
+      plan.dedupeWindow = answer.dedupeWindow
     }
     return plan
   }
@@ -155,10 +177,16 @@ struct CursorBook: Sendable {
     return next
   }
 
-  /// `slice` is stored (with `cursors(after: slice)`): the cursors move, and its ids count as relayed lately.
-  mutating func stored(_ slice: ArraySlice<(stream: String, message: UpstreamMessage)>) {
+  /// `slice` is stored (with `cursors(after: slice)`): the cursors move, and its ids (and dedupe keys, kept up to
+  /// `window` per stream) count as relayed lately.
+  mutating func stored(
+    _ slice: ArraySlice<(stream: String, message: UpstreamMessage)>, window: Int = RecentKeys.defaultCapacity
+  ) {
     cursors = cursors(after: slice)
-    for (stream, message) in slice { recent[stream, default: RecentIDs()].insert(message.id) }
+    for (stream, message) in slice {
+      recent[stream, default: RecentIDs()].insert(message.id)
+      if let key = message.dedupeKey { _ = recentKeys[stream, default: RecentKeys(capacity: window)].insert(key) }
+    }
   }
 
   /// The cursors once every fresh message of `plan` is stored: past the skipped ids, and to the rewinds' targets.
@@ -172,6 +200,12 @@ struct CursorBook: Sendable {
     }
     return next
   }
+
+  /// The opaque cursors once the whole of `plan` is stored.
+  func tokens(after plan: Plan) -> [String: String] { tokens.merging(plan.tokens) { _, new in new } }
+
+  /// Opaque cursors from `tokens(after:)` are stored.
+  mutating func moved(tokens next: [String: String]) { tokens = next }
 
   /// Cursors from `settled(_:)` of `plan` are stored. A stream the API reset starts afresh: its backlog bound
   /// and its recent ids belong to the old numbering.
@@ -202,8 +236,8 @@ extension UpstreamWorker {
 }
 
 extension FeedPosition {
-  init(streams: [String], cursors: [String: UInt64], recent: [String: RecentIDs]) {
-    self.init(streams: streams, cursors: cursors)
+  init(streams: [String], cursors: [String: UInt64], tokens: [String: String] = [:], recent: [String: RecentIDs]) {
+    self.init(streams: streams, cursors: cursors, tokens: tokens)
     self.recent = recent
   }
 
@@ -214,7 +248,34 @@ extension FeedPosition {
       guard let stream = event.stream, let id = event.upstreamID else { continue }
       recent[stream, default: RecentIDs()].insert(id)
     }
-    self.init(streams: stored.streams, cursors: stored.cursors, recent: recent)
+    self.init(streams: stored.streams, cursors: stored.cursors, tokens: stored.tokens, recent: recent)
+  }
+}
+
+/// The last `capacity` dedupe keys stored on one stream, oldest forgotten first.
+public struct RecentKeys: Sendable {
+  public static let defaultCapacity = 4096
+  let capacity: Int
+  private var order: [String] = []
+  private var members: Set<String> = []
+  private var next = 0
+
+  init(capacity: Int) { self.capacity = max(1, capacity) }
+
+  func contains(_ key: String) -> Bool { members.contains(key) }
+
+  /// Adds `key`; false when it was there already.
+  mutating func insert(_ key: String) -> Bool {
+    guard !members.contains(key) else { return false }
+    if order.count < capacity {
+      order.append(key)
+    } else {
+      members.remove(order[next])
+      order[next] = key
+      next = (next + 1) % capacity
+    }
+    members.insert(key)
+    return true
   }
 }
 

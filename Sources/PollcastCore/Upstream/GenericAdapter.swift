@@ -59,7 +59,8 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
   }
 
   public func poll(
-    _ client: UpstreamClient, cursors: [String: UInt64], isolation: isolated (any Actor)? = #isolation
+    _ client: UpstreamClient, cursors: [String: UInt64], tokens: [String: String] = [:],
+    isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     let values = credential.map { ["credential": $0] } ?? [:]
     let url = try OutgoingRequest.render(

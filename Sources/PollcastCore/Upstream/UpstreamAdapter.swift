@@ -4,11 +4,16 @@ public struct UpstreamMessage: Sendable, Equatable {
   public var raw: String
   /// Invalid UTF-8 in it was replaced by U+FFFD (`RepairedText`).
   public var repaired: Bool
+  /// The API's own id as shown in `upstream_id`, when `id` is the relay's count (an opaque-cursor recipe).
+  public var label: String?
+  /// What identifies it when the API may deliver it again (an opaque-cursor recipe's `cursor.dedupe`).
+  public var dedupeKey: String?
 
-  public init(id: UInt64, raw: String, repaired: Bool = false) {
+  public init(id: UInt64, raw: String, repaired: Bool = false, label: String? = nil) {
     self.id = id
     self.raw = raw
     self.repaired = repaired
+    self.label = label
   }
 }
 
@@ -71,6 +76,10 @@ public struct UpstreamPollAnswer: Sendable, Equatable {
   public var rejected: [UpstreamRejection] = []
   /// Cursors the API moved (applied once the answer's messages are stored).
   public var resets: [UpstreamCursorReset] = []
+  /// The API's opaque cursor per stream after this answer: stored in the same commit as the answer's messages.
+  public var tokens: [String: String] = [:]
+  /// How many recent dedupe keys per stream the cursor book remembers.
+  public var dedupeWindow = RecentKeys.defaultCapacity
 
   public init(batches: [(stream: String, messages: [UpstreamMessage])], rejected: [UpstreamRejection] = []) {
     self.batches = batches
@@ -78,7 +87,7 @@ public struct UpstreamPollAnswer: Sendable, Equatable {
   }
 
   public static func == (a: UpstreamPollAnswer, b: UpstreamPollAnswer) -> Bool {
-    a.rejected == b.rejected && a.resets == b.resets && a.batches.count == b.batches.count
+    a.rejected == b.rejected && a.resets == b.resets && a.tokens == b.tokens && a.batches.count == b.batches.count
       && zip(a.batches, b.batches).allSatisfy { $0.stream == $1.stream && $0.messages == $1.messages }
   }
 
@@ -94,9 +103,10 @@ public protocol UpstreamAdapter: AnyObject, Sendable {
   /// Establishes a session if there is none, then reads the server's newest ids.
   func prepare(_ client: UpstreamClient, isolation: isolated (any Actor)?) async throws(UpstreamError)
     -> UpstreamPreparation
-  /// One long-poll from `cursors`.
-  func poll(_ client: UpstreamClient, cursors: [String: UInt64], isolation: isolated (any Actor)?)
-    async throws(UpstreamError) -> UpstreamPollAnswer
+  /// One long-poll from `cursors` (and, for an API with opaque cursors, `tokens`: its own cursor per stream).
+  func poll(
+    _ client: UpstreamClient, cursors: [String: UInt64], tokens: [String: String], isolation: isolated (any Actor)?
+  ) async throws(UpstreamError) -> UpstreamPollAnswer
   /// Forgets the session (after a 401), so the next `prepare` starts a new one.
   func invalidateSession()
   /// Whether `prepare` reads the server's newest ids (a resync is worth a call).

@@ -198,7 +198,7 @@ public actor UpstreamWorker {
         statistics.pollStarted = started
         let answer: UpstreamPollAnswer
         do throws(UpstreamError) {
-          answer = try await adapter.poll(client, cursors: cursors, isolation: self)
+          answer = try await adapter.poll(client, cursors: cursors, tokens: book.tokens, isolation: self)
         } catch {
           if isCurrent(cycleGeneration) { statistics.pollsInFlight -= 1 }
           throw error
@@ -213,6 +213,7 @@ public actor UpstreamWorker {
         statistics.backoffAttempt = 0
         statistics.nextRetryDelay = 0
         let cursorsBefore = cursors
+        let tokensBefore = book.tokens
         guard let wentBackwards = await relay(answer, cycleGeneration) else {
           // The store refused the batch: nothing of it was shown, the cursors did not move, and the next poll
           // (after a backoff) brings the same messages again.
@@ -223,7 +224,8 @@ public actor UpstreamWorker {
         guard isCurrent(cycleGeneration) else { return }
         if !answer.rejected.contains(where: { !$0.expected }) || cursors != cursorsBefore {
           let took = MonotonicClock.seconds() - started
-          let wait = spacing.delay(afterPollTaking: took, brought: cursors != cursorsBefore, using: &random)
+          let wait = spacing.delay(
+            afterPollTaking: took, brought: cursors != cursorsBefore || book.tokens != tokensBefore, using: &random)
           if wait > 0 {
             guard await space(wait) else { return }
             continue
@@ -370,6 +372,10 @@ public actor UpstreamWorker {
     statistics.duplicatesDropped += plan.duplicates
     let wentBackwards = plan.wentBackwards
     let pending = plan.fresh
+    // An answer that moves an opaque cursor is stored in one commit with that cursor: stored in slices, a crash
+    // between them would poll again from the old cursor and number the same events anew.
+    let nextTokens = book.tokens(after: plan)
+    let atomic = nextTokens != book.tokens
     var start = 0
     while start < pending.count {
       if start > 0 {
@@ -377,20 +383,24 @@ public actor UpstreamWorker {
         await loop.nextTurn()
         guard isCurrent(cycleGeneration) else { return wentBackwards }
       }
-      let slice = pending[start..<min(pending.count, start + max(1, settings.publishSlice))]
+      let slice = pending[start..<min(pending.count, start + (atomic ? pending.count : max(1, settings.publishSlice)))]
       // The slice and the cursors after it are stored together before anyone sees the slice.
       let events = slice.map { envelope($0.message, stream: $0.stream) }
-      guard await commit(events, cursors: book.cursors(after: slice)) else { return nil }
+      guard await commit(events, cursors: book.cursors(after: slice), tokens: atomic ? nextTokens : book.tokens) else {
+        return nil
+      }
       statistics.messagesRelayed += slice.count
       // Only now that the messages are in the feed do the cursors move.
-      book.stored(slice)
+      book.stored(slice, window: plan.dedupeWindow)
+      if atomic { book.moved(tokens: nextTokens) }
       start += slice.count
       guard isCurrent(cycleGeneration) else { return wentBackwards }
     }
     let next = book.settled(plan)
-    if next != cursors {
-      guard await commit([], cursors: next) else { return nil }
+    if next != cursors || nextTokens != book.tokens {
+      guard await commit([], cursors: next, tokens: nextTokens) else { return nil }
       book.moved(to: next, after: plan)
+      book.moved(tokens: nextTokens)
     }
     updateLiveness()
     return wentBackwards
@@ -398,13 +408,16 @@ public actor UpstreamWorker {
 
   /// Publishes `events` with the position `cursors` describes: through the store when it is durable (committed
   /// first, then shown), directly otherwise. False when the store refused it (counted, logged, backed off).
-  private func commit(_ events: [FeedEvent], cursors next: [String: UInt64]) async -> Bool {
+  private func commit(
+    _ events: [FeedEvent], cursors next: [String: UInt64], tokens: [String: String]? = nil
+  ) async -> Bool {
     guard feed.store.isDurable else {
       if !events.isEmpty { publish(events) }
       return true
     }
     do throws(StoreError) {
-      try await feed.publish(events, position: FeedPosition(streams: book.streams, cursors: next))
+      try await feed.publish(
+        events, position: FeedPosition(streams: book.streams, cursors: next, tokens: tokens ?? book.tokens))
       storeFailing = nil
       return true
     } catch {
@@ -460,7 +473,7 @@ public actor UpstreamWorker {
     return FeedEvent(
       stream: stream,
       data: JSONText.object([
-        "stream": JSONText.quoted(stream), "upstream_id": JSONText.quoted(String(message.id)),
+        "stream": JSONText.quoted(stream), "upstream_id": JSONText.quoted(message.label ?? String(message.id)),
         "backlog": backlog ? "true" : "false", "message": message.raw,
       ]), upstreamID: message.id)
   }

@@ -32,8 +32,12 @@ extension RedisEventStore {
     let cursors = position.streams.map {
       "\(JSONText.quoted($0)):\(JSONText.quoted(String(position.cursors[$0] ?? 0)))"
     }
+    let tokens = position.streams.compactMap { stream in
+      position.tokens[stream].map { "\(JSONText.quoted(stream)):\(JSONText.quoted($0))" }
+    }
     return "{\"streams\":[\(position.streams.map(JSONText.quoted).joined(separator: ","))],\"cursors\":{"
-      + cursors.joined(separator: ",") + "}}"
+      + cursors.joined(separator: ",") + "}" + (tokens.isEmpty ? "" : ",\"tokens\":{\(tokens.joined(separator: ","))}")
+      + "}"
   }
 
   static func decodePosition(_ text: String) -> FeedPosition? {
@@ -42,13 +46,18 @@ extension RedisEventStore {
     else { return nil }
     var names: [String] = []
     var values: [String: UInt64] = [:]
+    var tokens: [String: String] = [:]
     for stream in streams {
       guard let name = stream.stringValue else { return nil }
       names.append(name)
       guard let cursor = cursors[name]?.stringValue.flatMap({ UInt64($0) }) else { return nil }
       values[name] = cursor
+      if let token = json["tokens"]?[name] {
+        guard let text = token.stringValue else { return nil }
+        tokens[name] = text
+      }
     }
-    return FeedPosition(streams: names, cursors: values)
+    return FeedPosition(streams: names, cursors: values, tokens: tokens)
   }
 
   /// Stream entries (`[[id, [field, value, …]], …]`) as events, checked: ids ascending, each entry's bytes

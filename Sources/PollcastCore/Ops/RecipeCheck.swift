@@ -153,7 +153,8 @@ private actor CheckDriver {
         for (stream, message) in plan.fresh {
           let text = message.raw.count > 160 ? message.raw.prefix(160) + "…" : Substring(message.raw)
           print(
-            "  event stream=\(stream) id=\(message.id) backlog=\(book.isBacklog(message.id, stream: stream)): \(text)")
+            "  event stream=\(stream) id=\(message.id)\(message.label.map { " upstream_id=\($0)" } ?? "")"
+              + " backlog=\(book.isBacklog(message.id, stream: stream)): \(text)")
         }
         if plan.duplicates > 0 { print("  \(plan.duplicates) resent event(s) dropped") }
         let before = book.cursors

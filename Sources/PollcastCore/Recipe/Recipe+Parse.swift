@@ -202,6 +202,13 @@ struct RecipeReader {
     func check(_ path: String, _ template: RecipeTemplate, cursor: Bool, reader: inout [String]) {
       for placeholder in template.placeholders {
         switch placeholder {
+        case .name(let name) where name.hasPrefix("cursor."):
+          let part = String(name.dropFirst(7))
+          if !cursor {
+            reader.append("\(path): {\(name)} is only known in the poll")
+          } else if !recipe.cursor.value.contains(where: { $0.part == part }) {
+            reader.append("\(path): {\(name)} but recipe.cursor.value has no part \"\(part)\"")
+          }
         case .name(let name) where !known.contains(name):
           reader.append("\(path): {\(name)} but no var or earlier session step's extract defines \(name)")
         case .cursor, .next:
@@ -212,13 +219,6 @@ struct RecipeReader {
             reader.append("\(path): {next} needs an integer cursor (an opaque one has no successor)")
           } else if placeholder == .cursor && recipe.cursor.value.contains(where: { $0.part != nil }) {
             reader.append("\(path): {cursor} of a cursor in parts: name a part ({cursor.PART})")
-          }
-        case .name(let name) where name.hasPrefix("cursor."):
-          let part = String(name.dropFirst(7))
-          if !cursor {
-            reader.append("\(path): {\(name)} is only known in the poll")
-          } else if !recipe.cursor.value.contains(where: { $0.part == part }) {
-            reader.append("\(path): {\(name)} but recipe.cursor.value has no part \"\(part)\"")
           }
         case .env(let name, nil) where context.environment[name] == nil:
           reader.append("\(path): {env:\(name)} but the environment has no \(name)")

@@ -334,6 +334,10 @@ enum RecipeAnswer {
       }
     }
     let opaque = recipe.cursor.opaque
+    // An id template of an opaque recipe reads the cursor this answer moves to (nchan: Last-Modified:Etag).
+    let token = opaque ? nextToken(recipe.cursor, context) : nil
+    var context = context
+    if let token { context.scope.token = token }
     var answer = UpstreamPollAnswer(batches: [])
     var messages: [UpstreamMessage] = []
     var keys: [String?] = []
@@ -383,7 +387,7 @@ enum RecipeAnswer {
     }
     if opaque {
       answer.batches.append((recipe.stream, messages))  // the API's order: numbered in it later
-      if let token = nextToken(recipe.cursor, context) { answer.tokens[recipe.stream] = token }
+      if let token { answer.tokens[recipe.stream] = token }
     } else {
       answer.batches.append((recipe.stream, messages.sorted { $0.id < $1.id }))
     }

@@ -21,12 +21,70 @@ public func pollcastFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
   case "credential": FuzzChecks.credential(bytes)
   case "store": FuzzChecks.store(bytes)
   case "redis": FuzzChecks.redis(bytes)
+  case "recipe": FuzzChecks.recipe(bytes)
   default: fatalError("unknown POLLCAST_FUZZ_TARGET \(target)")
   }
   return 0
 }
 
 enum FuzzChecks {
+  /// A recipe (before the first NUL byte) and a value and an answer body (after it). Any recipe either parses or
+  /// fails with problems each named by its path; a parsed one's poll, built with the value in every placeholder
+  /// (session values, the credential, the environment, an opaque cursor), either is refused or passes the one
+  /// CR/LF-safe check and carries no control byte in its URL or headers; and any answer is interpreted without a
+  /// crash, its events numbered and sorted as the cursor book needs.
+  static func recipe(_ bytes: [UInt8]) {
+    let split = bytes.firstIndex(of: 0) ?? bytes.count
+    let text = String(decoding: bytes[..<split], as: UTF8.self)
+    let rest = split < bytes.count ? Array(bytes[(split + 1)...]) : []
+    let value = String(decoding: rest.prefix(64), as: UTF8.self)
+    let body = Array(rest.dropFirst(min(64, rest.count)))
+    let environment = [
+      "ETCD_URL": "http://127.0.0.1:1", "TELEGRAM_TOKEN": value, "CONSUL_TOKEN": value, "X": value,
+    ]
+    let parsed = Recipe.parse(text, context: Recipe.Context(environment: environment, hasCredential: true))
+    let recipe: Recipe
+    switch parsed {
+    case .failure(let error):
+      precondition(!error.problems.isEmpty)
+      for problem in error.problems { precondition(problem.hasPrefix("recipe"), "unnamed problem: \(problem)") }
+      return
+    case .success(let ok): recipe = ok
+    }
+    var scope = RecipeScope()
+    scope.values = recipe.vars
+    for step in recipe.session { for (name, _) in step.extract { scope.values[name] = RecipeValue(text: value) } }
+    scope.environment = environment
+    scope.credential = value
+    scope.cursor = UInt64(rest.count)
+    scope.opaque = recipe.cursor.opaque
+    scope.token = recipe.cursor.opaque ? value : nil
+    if let request = try? RecipeRequest.build(
+      recipe.poll, scope, recipe: recipe, timeout: 5, connectTimeout: 1, label: "poll")
+    {
+      do {
+        try OutgoingRequest.check(request)
+        for (name, headerValue) in request.headers {
+          precondition(!name.utf8.contains { $0 < 0x21 } && !headerValue.utf8.contains { $0 == 0x0D || $0 == 0x0A })
+        }
+        precondition(!request.url.utf8.contains { $0 <= 0x20 })
+      } catch {
+        precondition(error.kind == .unsafeRequest)
+      }
+    }
+    let answer = RepairedText(body)
+    let verdict = RecipeAnswer.interpretPoll(
+      status: [200, 204, 400, 401, 429, 503][Int(rest.first ?? 0) % 6],
+      headers: [("X-Etcd-Index", value), ("Retry-After", value), ("Last-Modified", value), ("Etag", value)],
+      text: answer, json: try? RawJSON.parse(answer.text), recipe: recipe, scope: scope)
+    if case .answer(let parsedAnswer) = verdict.action, !recipe.cursor.opaque {
+      for batch in parsedAnswer.batches {
+        precondition(zip(batch.messages, batch.messages.dropFirst()).allSatisfy { $0.id <= $1.id })
+      }
+    }
+    if case .error(let error) = verdict.action, let delay = error.retryAfter { precondition(delay >= 0) }
+  }
+
   /// What a relay reads from Redis and its configuration (`store.kind = redis`): any URL parses or is refused
   /// with a reason; any position text decodes to a position that encodes back to the same, or is refused; any
   /// stream entries (ids and fields from the input) load as ascending events whose bytes carry their ids, or are

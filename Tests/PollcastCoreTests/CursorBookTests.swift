@@ -113,4 +113,47 @@ import Testing
     book.stored(plan.fresh[...])
     #expect(book.settleBacklog() == ["b": 2])
   }
+
+  @Test func redeliveredEventsAreDroppedByKeyAndOpaqueCursorsMoveWithTheAnswer() {
+    var book = CursorBook()
+    _ = book.apply(UpstreamPreparation(streams: ["c"], lastIDs: nil), startFrom: .latest)
+    func keyed(_ id: UInt64, _ key: String) -> UpstreamMessage {
+      var message = UpstreamMessage(id: id, raw: "{}")
+      message.dedupeKey = key
+      return message
+    }
+    var first = UpstreamPollAnswer(batches: [("c", [keyed(1, "a"), keyed(2, "b"), keyed(3, "a")])])
+    first.tokens = ["c": "seq-2", "zz": "unknown stream"]
+    let plan = book.plan(first)
+    #expect(plan.fresh.map(\.message.id) == [1, 2], "a key twice in one answer is relayed once")
+    #expect(plan.tokens == ["c": "seq-2"])
+    book.stored(plan.fresh[...], window: 2)
+    book.moved(tokens: book.tokens(after: plan))
+    #expect(book.tokens == ["c": "seq-2"])
+    #expect(book.position?.tokens == ["c": "seq-2"], "stored with the position")
+    let again = book.plan(UpstreamPollAnswer(batches: [("c", [keyed(4, "b"), keyed(5, "c")])]))
+    #expect(again.fresh.map(\.message.id) == [5] && again.duplicates == 1, "a key stored lately is a redelivery")
+  }
+
+  @Test func aResetJudgesTheSameAnswersEventsFromTheResetPoint() {
+    var book = CursorBook()
+    _ = book.apply(UpstreamPreparation(streams: ["kv"], lastIDs: nil, initialCursors: ["kv": 0]), startFrom: .latest)
+    let plan0 = book.plan(answer([("kv", [50])]))
+    book.stored(plan0.fresh[...])
+    #expect(book.cursors == ["kv": 50])
+    // The API's numbering went back to 9: its event 10 is news, and the cursor stands at it once stored.
+    var answer = self.answer([("kv", [10])])
+    answer.resets = [UpstreamCursorReset(stream: "kv", to: 9, gap: true, reason: "upstream_index_went_backwards")]
+    let plan = book.plan(answer)
+    #expect(plan.fresh.map(\.message.id) == [10] && !plan.wentBackwards)
+    book.stored(plan.fresh[...])
+    let next = book.settled(plan)
+    #expect(next == ["kv": 10], "the stored event, not the reset point")
+    book.moved(to: next, after: plan)
+    // A reset without events moves the cursor to its point.
+    var bare = UpstreamPollAnswer(batches: [("kv", [])])
+    bare.resets = [UpstreamCursorReset(stream: "kv", to: 3, gap: false, reason: "r")]
+    let barePlan = book.plan(bare)
+    #expect(book.settled(barePlan) == ["kv": 3])
+  }
 }

@@ -377,6 +377,35 @@ import Testing
     }
     #expect(store.statistics().commitFailures == 1)
   }
+
+  @Test func opaqueCursorsAreStoredAndAnOlderFileGainsTheirColumn() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    let position = FeedPosition(
+      streams: ["changes", "other"], cursors: ["changes": 41, "other": 0],
+      tokens: ["changes": "41-g1AAAA\u{1F}\"quoted\"", "other": ""])
+    do {
+      let store = try SQLiteEventStore.open(path: path)
+      try commit(
+        store, StoreBatch(feed: "shared", events: [event(5, upstream: 41)], position: position, headID: 5, floorID: 0))
+      store.close()
+    }
+    do {
+      let store = try SQLiteEventStore.open(path: path)
+      #expect(try store.load(feed: "shared")?.position == position, "tokens, empty ones included, load back")
+      store.close()
+    }
+    // A store written before opaque cursors existed: no token column. It opens, gains it, and loads no tokens.
+    var db: OpaquePointer?
+    #expect(sqlite3_open(path, &db) == SQLITE_OK)
+    #expect(sqlite3_exec(db, "ALTER TABLE cursors DROP COLUMN token", nil, nil, nil) == SQLITE_OK)
+    sqlite3_close(db)
+    let store = try SQLiteEventStore.open(path: path)
+    defer { store.close() }
+    let loaded = try #require(try store.load(feed: "shared"))
+    #expect(loaded.position == FeedPosition(streams: ["changes", "other"], cursors: ["changes": 41, "other": 0]))
+    try commit(store, StoreBatch(feed: "shared", events: [], position: position, headID: 5, floorID: 0))
+    #expect(try store.load(feed: "shared")?.position == position)
+  }
 }
 
 /// `store.redis_url` and the stored position's text (`store.kind = redis`).
@@ -428,5 +457,15 @@ import Testing
     configuration = Configuration()
     configuration.store.kind = "redis"
     #expect(configuration.storeProblems().isEmpty)
+  }
+
+  @Test func opaqueCursorsRoundTripInRedisPositions() {
+    let plain = FeedPosition(streams: ["101"], cursors: ["101": 3])
+    #expect(!RedisEventStore.encodePosition(plain).contains("tokens"), "positions without tokens read as before")
+    let opaque = FeedPosition(streams: ["c"], cursors: ["c": 9], tokens: ["c": "{\"etag\":\"1\",\"lm\":\"Wed\"}"])
+    #expect(RedisEventStore.decodePosition(RedisEventStore.encodePosition(opaque)) == opaque)
+    #expect(
+      RedisEventStore.decodePosition("{\"streams\":[\"c\"],\"cursors\":{\"c\":\"9\"},\"tokens\":{\"c\":7}}") == nil,
+      "a token that is not a string is damage")
   }
 }

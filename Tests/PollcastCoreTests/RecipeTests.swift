@@ -81,7 +81,7 @@ import Testing
       "recipe.colour: unknown key",
       "recipe.poll.verb: unknown key",
       "recipe.poll.events.pointer: \"results\" is not a JSON pointer",
-      "recipe.cursor.type: opaque cursors are not supported yet",
+      "recipe.cursor.value: required for an opaque cursor",
       "recipe.rules[0].status: a number is not a status code",
       "recipe.rules[1].step: \"fetch\" is not poll, session or *",
       "recipe.rules[2].do: \"explode\" is not one of",

@@ -175,3 +175,57 @@ extension RecipeShapesTests {
     await fixture.shutdown()
   }
 }
+
+extension RecipeShapesTests {
+  /// Per-user relaying through a recipe (`auth.mode upstream`): the subscriber's key goes into the poll as
+  /// `{credential}`, each account gets only its own messages, and a revoked key ends that account's streams alone.
+  @Test func perUserRecipesSendEachSubscribersKeyAndEndRevokedAccounts() async throws {
+    var options = LegacyFixture.Options()
+    options.accounts = 2
+    let fixture = try await LegacyFixture.start(options)
+    let logs = try NodeLogs("pollcast-recipe-per-user", nodes: 1)
+    defer { logs.remove() }
+    let recipe = """
+      {"recipe":1,"name":"feed","stream":"feed","vars":{"base":"http://\(fixture.address)"},
+       "poll":{"url":"{base}/api/feed","headers":{"Authorization":"Bearer {credential}"},
+         "query":{"after":"{cursor}","timeout":"2"},"events":{"pointer":"/data/items","id":{"event":"/seq"}}}}
+      """
+    let node = try RelayProcess(
+      arguments: [
+        "--listen", "127.0.0.1:0", "--auth-mode", "upstream", "--upstream-adapter", "recipe", "--upstream-recipe",
+        recipe,
+        "--upstream-backoff-base-seconds", "0.05", "--upstream-backoff-cap-seconds", "0.2", "--log-level", "info",
+      ], log: logs.files[0])
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    let alice = try TestSSEClient(port: node.port, headers: [("Authorization", "Bearer key-1000")])
+    let bob = try TestSSEClient(port: node.port, headers: [("Authorization", "Bearer key-1001")])
+    try await Task.sleep(for: .milliseconds(Int(800 * timingFactor)))
+    let aliceIDs = await fixture.append(user: "1000", texts: ["a1", "a2"])
+    let bobIDs = await fixture.append(user: "1001", texts: ["b1"])
+    func seqs(_ client: TestSSEClient, count: Int) -> [UInt64] {
+      let deadline = MonotonicClock.seconds() + 10 * timingFactor
+      var found: [UInt64] = []
+      while MonotonicClock.seconds() < deadline {
+        found = client.events.filter { $0.type == "message" }.compactMap {
+          (try? RawJSON.parse($0.data))?["upstream_id"]?.unsignedID
+        }
+        if found.count >= count { break }
+        _ = try? client.pump(timeout: 0.05)
+      }
+      return found
+    }
+    #expect(seqs(alice, count: 2) == aliceIDs)
+    #expect(seqs(bob, count: 1) == bobIDs)
+    let texts = alice.events.filter { $0.type == "message" }.map(\.data)
+    #expect(texts.allSatisfy { !$0.contains("\"b1\"") }, "alice never sees bob's messages")
+    await fixture.revokeKey("key-1001")
+    let deadline = MonotonicClock.seconds() + 10 * timingFactor
+    while !bob.isEOF && MonotonicClock.seconds() < deadline { _ = try? bob.pump(timeout: 0.05) }
+    #expect(bob.isEOF, "a revoked key's stream ends")
+    let later = await fixture.append(user: "1000", texts: ["a3"])
+    #expect(seqs(alice, count: 3) == aliceIDs + later, "the other account goes on")
+    #expect(!logs.tails().contains("key-1000"), "keys are never logged")
+    node.kill9()
+    await fixture.shutdown()
+  }
+}

@@ -14,7 +14,11 @@ import PollcastCore
 ///   `{"results":[{"seq","id","changes":[{"rev"}],"doc"}],"last_seq","pending"}` with CouchDB 2.x's opaque seqs
 ///   (`"7-g1AAAA…"`); `since=now` starts at the newest, `since=0` at the beginning; a `.duplicate` fault redelivers
 ///   the last changes again, as a cluster does after a rewound `since`.
-public enum APIShape: String, Sendable, Equatable, CaseIterable { case telegram, consul, couchdb }
+/// - `vk`: VK Bots Long Poll. `GET /method/groups.getLongPollServer?access_token=…` → `{"response":{"key","server",
+///   "ts"}}` (`{"error":{…}}` with 200 for a wrong token); `GET /lp/vk?act=a_check&key=K&ts=T&wait=W` →
+///   `{"ts":"…","updates":[{"type":"message_new","event_id":…,"object":{…}}]}`, or in a 200 body `{"failed":1,"ts"}`
+///   (history lost: go on from `ts`), `{"failed":2}` (key expired), `{"failed":3}` (all lost: new key and ts).
+public enum APIShape: String, Sendable, Equatable, CaseIterable { case telegram, consul, couchdb, vk }
 
 /// A one-off answer for the next poll of a shape (rate limits, server errors), sent instead of a real one.
 public struct CannedAnswer: Sendable {
@@ -38,6 +42,14 @@ extension LegacyFixture {
     }
     if path == "/v1/kv/app" || path == "/v1/kv/app/" {
       consulPoll(request, parameters: parameters)
+      return true
+    }
+    if path == "/method/groups.getLongPollServer" {
+      vkServer(request, parameters: parameters)
+      return true
+    }
+    if path == "/lp/vk" {
+      vkPoll(request, parameters: parameters)
       return true
     }
     if path.hasSuffix("/_changes") && path.split(separator: "/").count == 2 {
@@ -108,6 +120,60 @@ extension LegacyFixture {
       timeout: index == 0 ? 0 : min(wait * 1.0625, options.maxPollTimeout), user: options.userID)
   }
 
+  private func vkServer(_ request: HTTPRequest, parameters: [String: String]) {
+    guard parameters["access_token"] == options.apiKey else {
+      stats.unauthorized += 1
+      json(request, #"{"error":{"error_code":5,"error_msg":"User authorization failed: invalid access_token (4)."}}"#)
+      return
+    }
+    stats.sessions += 1
+    vk.lost = false
+    json(
+      request,
+      JSONText.object([
+        "response": JSONText.object([
+          "key": JSONText.quoted("k\(vk.keyGeneration)"), "server": JSONText.quoted("http://\(address)/lp/vk"),
+          "ts": JSONText.quoted(String(store.lastID(options.userID))),
+        ])
+      ]))
+  }
+
+  private func vkPoll(_ request: HTTPRequest, parameters: [String: String]) {
+    func failed(_ body: String) {
+      stats.polls += 1
+      json(request, body)
+    }
+    let newest = JSONText.object(["failed": "1", "ts": JSONText.quoted(String(store.lastID(options.userID)))])
+    if vk.lost { return failed(#"{"failed":3}"#) }
+    guard parameters["act"] == "a_check", parameters["key"] == "k\(vk.keyGeneration)" else {
+      return failed(#"{"failed":2}"#)
+    }
+    guard let ts = UInt64(parameters["ts"] ?? ""), ts <= store.lastID(options.userID) else { return failed(newest) }
+    if vk.historyLost {
+      vk.historyLost = false
+      return failed(newest)
+    }
+    let wait = min(Double(parameters["wait"] ?? "25") ?? 25, 90)
+    park(
+      request, kind: .shape(.vk), token: "vk", cursors: [(options.userID, ts)],
+      timeout: min(wait, options.maxPollTimeout),
+      user: options.userID)
+  }
+
+  /// The next VK poll answers `{"failed":1}` with the newest ts: what happened since the client's ts is lost.
+  public func vkLoseHistory() { vk.historyLost = true }
+  /// The VK key expires: polls answer `{"failed":2}` until a new `getLongPollServer`.
+  public func vkExpireKey() {
+    vk.keyGeneration += 1
+    for poll in pending.values where poll.kind == .shape(.vk) { finish(poll) { self.json($0, #"{"failed":2}"#) } }
+  }
+  /// Everything is lost: polls answer `{"failed":3}` until a new `getLongPollServer`.
+  public func vkLoseEverything() {
+    vk.lost = true
+    vk.keyGeneration += 1
+    for poll in pending.values where poll.kind == .shape(.vk) { finish(poll) { self.json($0, #"{"failed":3}"#) } }
+  }
+
   /// CouchDB 2.x's sequence text for change `n`: the number, a dash, and an opaque blob.
   public static func couchSeq(_ n: UInt64) -> String {
     "\(n)-g1AAAA" + Data("pollcast-fixture-\(n)".utf8).base64EncodedString().replacingOccurrences(of: "=", with: "")
@@ -170,12 +236,22 @@ extension LegacyFixture {
         "results": "[\(results.joined(separator: ","))]", "last_seq": JSONText.quoted(LegacyFixture.couchSeq(last)),
         "pending": "0",
       ])
+    case .vk:
+      let updates = messages.map { message in
+        JSONText.object([
+          "group_id": "1", "type": JSONText.quoted("message_new"),
+          "event_id": JSONText.quoted(String(message.id &* 0x9E37_79B9_7F4A_7C15, radix: 16)),
+          "v": JSONText.quoted("5.199"), "object": JSONText.object(["message": message.json]),
+        ])
+      }
+      let last = max(cursor, messages.map(\.id).max() ?? 0)
+      return JSONText.object(["ts": JSONText.quoted(String(last)), "updates": "[\(updates.joined(separator: ","))]"])
     }
   }
 
   func respondShape(_ shape: APIShape, _ request: HTTPRequest, body: String) {
     switch shape {
-    case .telegram, .couchdb:
+    case .telegram, .couchdb, .vk:
       json(request, body)
     case .consul:
       let index = max(1, store.lastID(options.userID))

@@ -68,6 +68,13 @@ public actor LegacyFixture {
   var faults: [FixtureFault] = []
   /// One-off answers for the next polls of the other APIs' shapes (`queueCanned`).
   var cannedAnswers: [CannedAnswer] = []
+  /// The VK shape's key generation and one-off losses.
+  var vk = VKState()
+  struct VKState {
+    var keyGeneration = 1
+    var historyLost = false
+    var lost = false
+  }
   var stats = Stats()
   var connections: [OpaquePointer: ConnectionWatch] = [:]
   private var chatter: LoopTimer?

@@ -51,15 +51,18 @@ import Testing
     let telegram = try recipe(RecipeTests.telegram)
     #expect(telegram.vars["base"]?.text == "http://127.0.0.1:9", "vars read the environment at load")
     #expect(telegram.name == "recipe" && telegram.stream == "default")
-    for file in ["etcd-v2.json", "telegram.json", "consul.json", "zulip.json"] {
+    for file in ["etcd-v2.json", "telegram.json", "consul.json", "couchdb.json", "nchan.json", "vk.json"] {
       let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent(
         "../../Config/recipes/\(file)"
       ).path
-      guard let data = FileManager.default.contents(atPath: path) else { continue }
+      guard let data = FileManager.default.contents(atPath: path) else {
+        Issue.record("\(file) is missing")
+        continue
+      }
       let environment = [
         "ETCD_URL": "http://127.0.0.1:2379", "TELEGRAM_API": "http://127.0.0.1:1", "TELEGRAM_TOKEN": "123:abc",
         "CONSUL_URL": "http://127.0.0.1:8500", "CONSUL_TOKEN": "t0ken-1", "ZULIP_URL": "http://127.0.0.1:1",
-        "ZULIP_BASIC": "dXNlcjpwYXNz",
+        "VK_GROUP": "1", "VK_TOKEN": "vk-token",
       ]
       let parsed = Recipe.parse(
         String(decoding: data, as: UTF8.self), context: Recipe.Context(environment: environment, hasCredential: false))

@@ -12,14 +12,16 @@ import Testing
       .standardized.path
   }
 
-  func relay(_ recipe: String, store: String, log: URL, environment: [String: String]) throws -> RelayProcess {
+  func relay(_ recipe: String, store: String, log: URL, environment: [String: String], extra: [String] = []) throws
+    -> RelayProcess
+  {
     try RelayProcess(
       arguments: [
         "--listen", "127.0.0.1:0", "--upstream-adapter", "recipe", "--upstream-recipe",
         RecipeShapesTests.recipe(recipe),
         "--store-kind", "sqlite", "--store-path", store, "--upstream-backoff-base-seconds", "0.05",
         "--upstream-backoff-cap-seconds", "0.2", "--log-level", "info",
-      ], log: log, environment: environment)
+      ] + extra, log: log, environment: environment)
   }
 
   func pumpUntil(_ reader: Reader, count: Int, timeout: Double = 10) {
@@ -225,6 +227,72 @@ extension RecipeShapesTests {
     let later = await fixture.append(user: "1000", texts: ["a3"])
     #expect(seqs(alice, count: 3) == aliceIDs + later, "the other account goes on")
     #expect(!logs.tails().contains("key-1000"), "keys are never logged")
+    node.kill9()
+    await fixture.shutdown()
+  }
+}
+
+extension RecipeShapesTests {
+  /// The fixture message ids (`message.object.message.id`) of the VK events a client received.
+  static func vkMessages(_ client: TestSSEClient) -> [UInt64] {
+    client.events.filter { $0.type == "message" }.compactMap {
+      (try? RawJSON.parse($0.data))?.resolve(pointer: "/message/object/message/id")?.unsignedID
+    }
+  }
+
+  /// VK Bots Long Poll: a session step returns the server URL, the key and the first ts; `failed` in a 200 body
+  /// means, by its number, go on from the answer's ts with a gap (1), get a new key and keep the ts (2), or get a new
+  /// key and a new ts with a gap (3).
+  @Test func vkFollowsItsFailedSignalsAndResumesAcrossAKill() async throws {
+    let fixture = try await LegacyFixture.start()
+    let logs = try NodeLogs("pollcast-vk", nodes: 1)
+    defer { logs.remove() }
+    let store = logs.directory.appendingPathComponent("relay.db").path
+    let environment = ["VK_API": "http://\(fixture.address)", "VK_GROUP": "1", "VK_TOKEN": fixture.options.apiKey]
+    // Traced: every request's URL is logged, so the check below that no session key or token shows means something.
+    var node = try relay(
+      "vk.json", store: store, log: logs.files[0], environment: environment, extra: ["--log-level", "trace"])
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    var client = try TestSSEClient(port: node.port)
+    func collect(_ client: TestSSEClient, count: Int) -> [UInt64] {
+      let deadline = MonotonicClock.seconds() + 10 * timingFactor
+      while RecipeShapesTests.vkMessages(client).count < count && MonotonicClock.seconds() < deadline {
+        _ = try? client.pump(timeout: 0.05)
+      }
+      return RecipeShapesTests.vkMessages(client)
+    }
+    try await Task.sleep(for: .milliseconds(Int(500 * timingFactor)))
+    var expected = await fixture.append(user: "101", texts: ["one", "two"])
+    #expect(collect(client, count: 2) == expected)
+    // failed:2 — a new key, the same ts: nothing lost, nothing twice.
+    await fixture.vkExpireKey()
+    try await Task.sleep(for: .milliseconds(Int(300 * timingFactor)))
+    expected += await fixture.append(user: "101", texts: ["after a new key"])
+    #expect(collect(client, count: 3) == expected)
+    // A kill, messages meanwhile, then failed:1 on the first poll back: they are lost upstream, clients are told.
+    let lastID = client.events.last { $0.hadID && $0.type == "message" }?.lastEventID
+    node.kill9()
+    let lost = await fixture.append(user: "101", texts: ["lost while down"])
+    await fixture.vkLoseHistory()
+    node = try relay("vk.json", store: store, log: logs.files[0], environment: environment)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    client = try TestSSEClient(port: node.port, headers: lastID.map { [("Last-Event-ID", $0)] } ?? [])
+    try await Task.sleep(for: .milliseconds(Int(500 * timingFactor)))
+    var later = await fixture.append(user: "101", texts: ["after the gap"])
+    #expect(collect(client, count: 1) == later, "not \(lost): VK dropped it")
+    #expect(client.events.contains { $0.type == "upstream" && $0.data.contains("\"resync\"") })
+    // failed:3 — a new session and a new ts, with a gap.
+    await fixture.vkLoseEverything()
+    try await Task.sleep(for: .milliseconds(Int(500 * timingFactor)))
+    later += await fixture.append(user: "101", texts: ["after failed 3"])
+    #expect(collect(client, count: 2) == later)
+    let resyncs = client.events.filter { $0.type == "upstream" && $0.data.contains("\"resync\"") }
+    #expect(resyncs.count == 2, "\(client.events.map(\.data))")
+    let log = (try? String(contentsOf: logs.files[0], encoding: .utf8)) ?? ""
+    #expect(log.contains("upstream request"), "traced")
+    #expect(
+      !log.contains("key=k1") && !log.contains("key=k2") && !log.contains(fixture.options.apiKey), "\(log.suffix(2000))"
+    )
     node.kill9()
     await fixture.shutdown()
   }

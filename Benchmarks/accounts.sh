@@ -13,8 +13,13 @@ rate=${3:-100}
 messages=${4:-3000}
 idle=${5:-20}
 store=${6:-memory}
-swift build -c release >/dev/null
-bin=$(swift build -c release --show-bin-path)
+# POLLCAST_BIN: another build's bin directory (an A/B against an older commit); default this tree's release build.
+if [ -n "${POLLCAST_BIN:-}" ]; then
+  bin=$POLLCAST_BIN
+else
+  swift build -c release >/dev/null
+  bin=$(swift build -c release --show-bin-path)
+fi
 work=$(mktemp -d)
 cleanup() { kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT

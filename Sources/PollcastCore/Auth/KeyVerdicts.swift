@@ -85,8 +85,8 @@ struct CredentialDigest: Hashable, Sendable {
 }
 
 extension UpstreamAdapter {
-  /// The streams an adapter without a session step reads (the generic adapter's one stream).
+  /// The streams an adapter without a session step reads (a recipe's one stream; `generic` is one).
   var defaultStreams: [String] {
-    (self as? GenericAdapter).map { [$0.settings.stream] } ?? []
+    (self as? RecipeAdapter).map { [$0.recipe.stream] } ?? []
   }
 }

@@ -19,6 +19,8 @@ public struct Recipe: Sendable {
   public var rules: [Rule]
   /// Per-user relaying: the account's user as the session's answer names it (nil: keyed by credential).
   public var user: RecipeTemplate?
+  /// Text written in the recipe that is a secret anyway (the `generic` adapter's configured header values).
+  public var literalSecrets: [String] = []
   /// Vars that read the environment (secrets unless they are URLs).
   public var environmentVars: Set<String> = []
   /// Every environment variable the recipe reads.
@@ -60,6 +62,9 @@ public struct Recipe: Sendable {
     public var pointer: String
     /// The event's id: the cursor for an integer recipe; shown as `upstream_id` for an opaque one (optional there).
     public var id: Source?
+    /// The `generic` adapter's events rule: `""` with an array body is its elements (else the whole body), a
+    /// pointer must name an array (or null), and an event must be an object.
+    var genericShape = false
     public var skip: [Condition]
     public var format: Format
   }

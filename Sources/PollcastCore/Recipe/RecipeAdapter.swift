@@ -3,7 +3,7 @@ import Foundation
 /// Runs a `Recipe` against its legacy API: the session steps at (re)start and after a `session` rule, then one
 /// poll at a time. What an answer means is decided by `RecipeAnswer.interpret` (a pure function, off the loop for a
 /// large body), so every rule is tested without sockets.
-public final class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-confined
+public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-confined
   public let recipe: Recipe
   public var name: String { recipe.name }
   let environment: [String: String]
@@ -49,6 +49,7 @@ public final class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loo
     scope.credential = credential
     scope.cursor = cursor
     scope.secretNames = recipe.environmentVars.union(recipe.sessionNames)
+    scope.literalSecrets = recipe.literalSecrets
     scope.environmentNames = recipe.environmentNames
     return scope
   }

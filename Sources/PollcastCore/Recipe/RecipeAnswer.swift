@@ -317,7 +317,21 @@ enum RecipeAnswer {
       guard let json = context.json else {
         return failed(UpstreamError(.decoding, "poll answer is not JSON", cause: snippet(text, context.scope)))
       }
-      if spec.pointer.isEmpty {
+      if spec.genericShape {
+        if spec.pointer.isEmpty {
+          if case .array(let items) = json.value { elements = items } else { elements = [json] }
+        } else {
+          guard let target = json.resolve(pointer: spec.pointer) else {
+            return failed(UpstreamError(.decoding, "events pointer \"\(spec.pointer)\" names nothing in the answer"))
+          }
+          switch target.value {
+          case .array(let items): elements = items
+          case .null: elements = []
+          default:
+            return failed(UpstreamError(.decoding, "events pointer \"\(spec.pointer)\" does not name an array"))
+          }
+        }
+      } else if spec.pointer.isEmpty {
         elements = [json]  // the whole body is one event (an object, or an array such as Consul's state)
       } else if spec.pointer.contains("/*") {
         elements = resolveAll(json, spec.pointer)
@@ -356,7 +370,8 @@ enum RecipeAnswer {
       }
       let container: Bool
       switch element.value {
-      case .object, .array: container = true
+      case .object: container = true
+      case .array: container = !spec.genericShape
       default: container = false
       }
       guard container, let id else {

@@ -142,6 +142,8 @@ struct RecipeScope {
 
   /// The values (by name) that are secrets: the session's, and vars read from the environment.
   var secretNames: Set<String> = []
+  /// Literal text that is secret (configured header values of `generic`).
+  var literalSecrets: [String] = []
   /// The environment variables the recipe reads.
   var environmentNames: Set<String> = []
 
@@ -152,7 +154,7 @@ struct RecipeScope {
     var all = secretNames.compactMap { values[$0]?.text }.filter { !isURL($0) }
     all += environmentNames.compactMap { environment[$0] }.filter { !isURL($0) }
     if let credential { all.append(credential) }
-    return all.filter { $0.count >= 4 }
+    return all.filter { $0.count >= 4 } + literalSecrets
   }
 }
 
@@ -199,6 +201,16 @@ extension RecipeTemplate {
       }
     }
     return text
+  }
+
+  /// The text with every placeholder that has a value in `scope` replaced as plain text, the others left as written.
+  func renderKnown(_ scope: RecipeScope) throws(UpstreamError) -> String {
+    parts.map { part in
+      switch part {
+      case .literal(let text): text
+      case .placeholder(let placeholder): scope.value(of: placeholder)?.text ?? placeholder.spelled
+      }
+    }.joined()
   }
 
   /// Whether every placeholder has a value in `scope`.

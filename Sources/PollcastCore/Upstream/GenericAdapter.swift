@@ -3,8 +3,11 @@ import Foundation
 /// Any single-stream long-poll API: a URL template with `{cursor}` (last id seen) and `{next}` (last id + 1),
 /// an RFC 6901 pointer to the events array (or `""` with a non-array body: the whole body is one event), a
 /// pointer to each event's id, and static headers. No session step.
-public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-confined
-  public let name = "generic"
+///
+/// A built-in recipe: `generic.*` settings become a `Recipe` (`Recipe.generic`), run by `RecipeAdapter` — one code
+/// path for every API the relay fronts without Swift. Only the events rule is its own (`Recipe.Events.genericShape`:
+/// `""` with an array body means its elements, and a pointer must name an array), as `generic` always had it.
+public final class GenericAdapter: RecipeAdapter, @unchecked Sendable {  // loop-confined
   public struct Settings: Sendable, Equatable {
     public var urlTemplate: String
     public var eventsPointer: String
@@ -33,13 +36,14 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
   }
 
   let settings: Settings
-  /// Per-user relaying: the subscriber's credential, put in place of `{credential}` in the headers (as is) and
-  /// the URL template (percent-encoded).
-  let credential: String?
 
+  /// - Parameter credential: per-user relaying's subscriber key, put in place of `{credential}` in the headers (as
+  ///   is) and the URL template (percent-encoded).
   public init(settings: Settings, credential: String? = nil) {
     self.settings = settings
-    self.credential = credential
+    super.init(
+      recipe: Recipe.generic(settings), environment: [:], credential: credential, pollTimeout: settings.timeout,
+      connectTimeout: settings.connectTimeout)
   }
 
   /// Whether the settings carry the subscriber's credential somewhere (per-user mode needs it).
@@ -47,81 +51,53 @@ public final class GenericAdapter: UpstreamAdapter, @unchecked Sendable {  // lo
     settings.urlTemplate.contains("{credential}") || settings.headers.contains { $0.contains("{credential}") }
   }
 
-  public var canSync: Bool { false }
-  public var hasSession: Bool { true }
-  public func invalidateSession() {}
-
-  public func prepare(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
-    async throws(UpstreamError) -> UpstreamPreparation
-  {
-    UpstreamPreparation(
-      streams: [settings.stream], lastIDs: nil, initialCursors: [settings.stream: settings.initialCursor])
-  }
-
-  public func poll(
-    _ client: UpstreamClient, cursors: [String: UInt64], tokens: [String: String] = [:],
-    isolation: isolated (any Actor)? = #isolation
-  ) async throws(UpstreamError) -> UpstreamPollAnswer {
-    let values = credential.map { ["credential": $0] } ?? [:]
-    let url = try OutgoingRequest.render(
-      GenericAdapter.url(template: settings.urlTemplate, cursor: cursors[settings.stream] ?? 0), values, for: .url)
-    var headers: [(String, String)] = []
-    for line in settings.headers {
-      let (name, value) = try OutgoingRequest.header(line: line).get()
-      headers.append((name, try OutgoingRequest.render(value, values, for: .header)))
-    }
-    let response = try await client.send(
-      UpstreamRequest(
-        url: url, headers: headers, timeout: settings.timeout, connectTimeout: settings.connectTimeout, label: "poll"))
-    if response.status == 204
-      || (response.status == 200 && response.body.allSatisfy { $0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09 })
-    {
-      return UpstreamPollAnswer(batches: [(settings.stream, [])])
-    }
-    // Configured header values may be keys too (`Authorization: Bearer …`): none of them is echoed to the log.
-    try response.requireOK(
-      "poll", sessionOn401: false,
-      scrubbing: headers.map(\.1).filter { $0.count >= 6 } + (credential.map { [$0] } ?? []))
-    let settings = self.settings
-    return try await response.decode("poll") { json, text throws(UpstreamError) in
-      try GenericAdapter.parse(json, settings: settings, text: text)
-    }
-  }
-
   /// The poll URL: `{cursor}` is the last id seen, `{next}` the one after it (2^64-1 has none: `{next}` stays at
   /// 2^64-1 rather than wrapping to 0, which would ask for everything again).
   static func url(template: String, cursor: UInt64) -> String {
-    let next = cursor == .max ? cursor : cursor + 1
-    return template.replacingOccurrences(of: "{cursor}", with: String(cursor))
-      .replacingOccurrences(of: "{next}", with: String(next))
+    var scope = RecipeScope()
+    scope.cursor = cursor
+    return (try? RecipeTemplate(template).renderKnown(scope)) ?? template
   }
 
+  /// One answer's events as the generic adapter reads them (tests and the fuzzers call it without sockets).
   static func parse(_ json: RawJSON, settings: Settings, text: RepairedText? = nil) throws(UpstreamError)
     -> UpstreamPollAnswer
   {
-    guard let target = json.resolve(pointer: settings.eventsPointer) else {
-      throw UpstreamError(.decoding, "events pointer \"\(settings.eventsPointer)\" names nothing in the answer")
+    let recipe = Recipe.generic(settings)
+    let verdict = RecipeAnswer.events(
+      recipe, text: text ?? RepairedText(Array(json.rawText.utf8)),
+      context: RecipeAnswer.Context(json: json, scope: RecipeScope()), rule: nil)
+    switch verdict.action {
+    case .answer(let answer): return answer
+    case .error(let error): throw error
+    case .session: throw UpstreamError(.decoding, "unexpected session action")
     }
-    let events: [RawJSON]
-    switch target.value {
-    case .array(let elements): events = elements
-    case .null where !settings.eventsPointer.isEmpty: events = []
-    default:
-      guard settings.eventsPointer.isEmpty else {
-        throw UpstreamError(.decoding, "events pointer \"\(settings.eventsPointer)\" does not name an array")
+  }
+}
+
+extension Recipe {
+  /// The `generic` adapter's settings as a recipe: the URL template as the poll URL, the header lines as headers,
+  /// the events and id pointers, the initial cursor as a constant.
+  public static func generic(_ settings: GenericAdapter.Settings) -> Recipe {
+    var headers: [(String, RecipeTemplate)] = []
+    for line in settings.headers {
+      if case .success(let (name, value)) = OutgoingRequest.header(line: line) {
+        headers.append((name, RecipeTemplate(value)))
       }
-      events = [target]
     }
-    var answer = UpstreamPollAnswer(batches: [])
-    var messages: [UpstreamMessage] = []
-    for event in events {
-      if let message = UpstreamMessage.checked(
-        event, id: event.resolve(pointer: settings.idPointer), stream: settings.stream, text: text, into: &answer)
-      {
-        messages.append(message)
-      }
-    }
-    answer.batches.append((settings.stream, messages.sorted { $0.id < $1.id }))
-    return answer
+    let poll = Step(
+      label: "poll", method: "GET", url: RecipeTemplate(settings.urlTemplate), query: [], headers: headers, body: nil,
+      timeout: settings.timeout, extract: [])
+    var cursor = Cursor()
+    cursor.initial = Source(origin: .constant(RecipeValue(settings.initialCursor)))
+    var events = Events(
+      pointer: settings.eventsPointer, id: Source(origin: .event(settings.idPointer)), skip: [], format: .json)
+    events.genericShape = true
+    var recipe = Recipe(
+      name: "generic", stream: settings.stream, vars: [:], session: [], poll: poll, events: events, cursor: cursor,
+      rules: [], user: nil)
+    // Configured header values may be keys (`Authorization: Bearer …`): none of them is ever shown.
+    recipe.literalSecrets = headers.map { $0.1.source }.filter { $0.count >= 6 && !$0.contains("{") }
+    return recipe
   }
 }

@@ -4,6 +4,9 @@
 # CPU per delivery, RSS per active account and per further subscriber, p50/p99 latency, and relay CPU idle with
 # every account's poll hanging. Relay on CPU 0, fixture and bench on CPU 1.
 # Usage: Benchmarks/accounts.sh [RUNS=3] [ACCOUNTS=2000] [RATE=100] [MESSAGES=3000] [IDLE_SECONDS=20] [STORE=memory]
+#        [ADAPTER=chat]
+# ADAPTER=generic polls the fixture's single-stream /api/feed with each subscriber's key as a Bearer header (the
+# generic adapter, a built-in recipe since issue 22) instead of the chat API's session/poll.
 # STORE=sqlite keeps every account's ring, ids and cursors in a fresh SQLite file per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,9 +16,10 @@ rate=${3:-100}
 messages=${4:-3000}
 idle=${5:-20}
 store=${6:-memory}
-# POLLCAST_BIN: another build's bin directory (an A/B against an older commit); default this tree's release build.
-if [ -n "${POLLCAST_BIN:-}" ]; then
-  bin=$POLLCAST_BIN
+adapter=${7:-chat}
+# BENCH_BIN_DIR: another build's bin directory (an A/B against an older commit); default this tree's release build.
+if [ -n "${BENCH_BIN_DIR:-}" ]; then
+  bin=$BENCH_BIN_DIR
 else
   swift build -c release >/dev/null
   bin=$(swift build -c release --show-bin-path)
@@ -29,7 +33,12 @@ for run in $(seq 1 "$runs"); do
   until grep -q listening "$work/fixture.out" 2>/dev/null; do sleep 0.05; done
   fixture=$(head -1 "$work/fixture.out" | sed 's/listening on //')
   rm -f "$work"/store.db*
-  taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 --upstream-url "http://$fixture" --auth-mode upstream \
+  upstream=(--upstream-url "http://$fixture")
+  if [ "$adapter" = generic ]; then
+    upstream=(--upstream-adapter generic --generic-url-template "http://$fixture/api/feed?after={cursor}&timeout=25"
+      --generic-events-pointer /data/items --generic-id-pointer /seq --generic-headers "Authorization: Bearer {credential}")
+  fi
+  taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 "${upstream[@]}" --auth-mode upstream \
     --store-kind "$store" --store-path "$work/store.db" --log-level warning >"$work/relay.out" 2>"$work/relay.err" &
   pid=$!
   until grep -q listening "$work/relay.out" 2>/dev/null; do

@@ -11,7 +11,9 @@ public struct Recipe: Sendable {
   /// Shown in status events (`adapter`) and the store's source record.
   public var name: String
   public var stream: String
-  public var vars: [String: RecipeValue]
+  public var vars: [String: RecipeValue] { didSet { varNames = Set(vars.keys) } }
+  /// The vars' names (placed as they are in a URL), kept with them: a poll does not rebuild the set.
+  private(set) var varNames: Set<String> = []
   public var session: [Step]
   public var poll: Step
   public var events: Events
@@ -21,6 +23,22 @@ public struct Recipe: Sendable {
   public var user: RecipeTemplate?
   /// Text written in the recipe that is a secret anyway (the `generic` adapter's configured header values).
   public var literalSecrets: [String] = []
+  public init(
+    name: String, stream: String, vars: [String: RecipeValue], session: [Step], poll: Step, events: Events,
+    cursor: Cursor, rules: [Rule], user: RecipeTemplate?
+  ) {
+    self.name = name
+    self.stream = stream
+    self.vars = vars
+    self.varNames = Set(vars.keys)
+    self.session = session
+    self.poll = poll
+    self.events = events
+    self.cursor = cursor
+    self.rules = rules
+    self.user = user
+  }
+
   /// Vars that read the environment (secrets unless they are URLs).
   public var environmentVars: Set<String> = []
   /// Every environment variable the recipe reads.

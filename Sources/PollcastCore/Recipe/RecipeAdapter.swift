@@ -40,17 +40,31 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
 
   public var canSync: Bool { false }
   public var hasSession: Bool { sessionValues != nil }
-  public func invalidateSession() { if !recipe.session.isEmpty { sessionValues = nil } }
+  public func invalidateSession() {
+    if !recipe.session.isEmpty { sessionValues = nil }
+    baseScope = nil
+  }
+
+  /// The scope without a cursor, built once per session (a poll only adds its cursor): a poll cycle allocates
+  /// nothing for it.
+  private var baseScope: RecipeScope?
 
   func scope(cursor: UInt64? = nil) -> RecipeScope {
-    var scope = RecipeScope()
-    scope.values = recipe.vars.merging(sessionValues ?? [:]) { _, session in session }
-    scope.environment = environment
-    scope.credential = credential
+    var scope: RecipeScope
+    if let baseScope, sessionValues != nil {
+      scope = baseScope
+    } else {
+      scope = RecipeScope()
+      scope.values = recipe.vars.merging(sessionValues ?? [:]) { _, session in session }
+      scope.environment = environment
+      scope.credential = credential
+      scope.secretNames = recipe.environmentVars.union(recipe.sessionNames)
+      scope.literalSecrets = recipe.literalSecrets
+      scope.environmentNames = recipe.environmentNames
+      scope.redactions = scope.secrets
+      if sessionValues != nil { baseScope = scope }
+    }
     scope.cursor = cursor
-    scope.secretNames = recipe.environmentVars.union(recipe.sessionNames)
-    scope.literalSecrets = recipe.literalSecrets
-    scope.environmentNames = recipe.environmentNames
     return scope
   }
 
@@ -91,6 +105,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     for (index, step) in recipe.session.enumerated() {
       var building = scope()
       building.values.merge(values) { _, new in new }
+      building.redactions = building.secrets  // the earlier steps' values are secrets too
       let current = building
       let request = try RecipeRequest.build(
         step, current, recipe: recipe, timeout: min(step.timeout ?? requestTimeout, timeoutCap ?? .infinity),
@@ -107,6 +122,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       values.merge(try outcome.values.get()) { _, new in new }
     }
     sessionValues = values
+    baseScope = nil
     if let pending = pendingReset, pending.to == nil || (recipe.cursor.opaque && pending.token == nil),
       let source = recipe.cursor.initial
     {
@@ -193,7 +209,7 @@ enum RecipeRequest {
   static func build(
     _ step: Recipe.Step, _ scope: RecipeScope, recipe: Recipe, timeout: Double, connectTimeout: Double, label: String
   ) throws(UpstreamError) -> UpstreamRequest {
-    let vars = Set(recipe.vars.keys)
+    let vars = recipe.varNames
     var url = try step.url.render(scope, .url, vars: vars)
     var query: [String] = []
     for (name, template) in step.query {
@@ -226,7 +242,7 @@ enum RecipeRequest {
       method: step.method, url: url, headers: headers, body: body, timeout: timeout, connectTimeout: connectTimeout,
       label: label)
     request.wantsHeaders = true
-    request.redact = scope.secrets
+    request.redact = scope.redactions ?? scope.secrets
     return request
   }
 

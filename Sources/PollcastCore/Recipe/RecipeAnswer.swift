@@ -167,7 +167,7 @@ enum RecipeAnswer {
 
   /// The first 200 characters of a body for an error's cause, with every secret cut out.
   static func snippet(_ text: RepairedText, _ scope: RecipeScope) -> String? {
-    let shown = UpstreamResponse.scrub(String(text.text.prefix(200)), scope.secrets)
+    let shown = UpstreamResponse.scrub(String(text.text.prefix(200)), scope.redactions ?? scope.secrets)
     return shown.isEmpty ? nil : shown
   }
 

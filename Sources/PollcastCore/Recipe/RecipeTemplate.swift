@@ -144,6 +144,8 @@ struct RecipeScope {
   var secretNames: Set<String> = []
   /// Literal text that is secret (configured header values of `generic`).
   var literalSecrets: [String] = []
+  /// `secrets`, computed once for a session's scope.
+  var redactions: [String]?
   /// The environment variables the recipe reads.
   var environmentNames: Set<String> = []
 

@@ -8,7 +8,7 @@ import Foundation
 /// path for every API the relay fronts without Swift. Only the events rule is its own (`Recipe.Events.genericShape`:
 /// `""` with an array body means its elements, and a pointer must name an array), as `generic` always had it.
 public final class GenericAdapter: RecipeAdapter, @unchecked Sendable {  // loop-confined
-  public struct Settings: Sendable, Equatable {
+  public struct Settings: Sendable, Hashable {
     public var urlTemplate: String
     public var eventsPointer: String
     public var idPointer: String
@@ -42,8 +42,23 @@ public final class GenericAdapter: RecipeAdapter, @unchecked Sendable {  // loop
   public init(settings: Settings, credential: String? = nil) {
     self.settings = settings
     super.init(
-      recipe: Recipe.generic(settings), environment: [:], credential: credential, pollTimeout: settings.timeout,
+      recipe: GenericAdapter.recipe(for: settings), environment: [:], credential: credential,
+      pollTimeout: settings.timeout,
       connectTimeout: settings.connectTimeout)
+  }
+
+  /// One recipe per settings, shared by every account's adapter (per-user relaying makes thousands): a recipe's
+  /// templates and arrays are then held once, not per account.
+  private static let recipes = Locked<[Settings: Recipe]>([:])
+
+  static func recipe(for settings: Settings) -> Recipe {
+    recipes.withLock { cache in
+      if let recipe = cache[settings] { return recipe }
+      let recipe = Recipe.generic(settings)
+      if cache.count >= 16 { cache.removeAll() }  // tests make many; a relay has one
+      cache[settings] = recipe
+      return recipe
+    }
   }
 
   /// Whether the settings carry the subscriber's credential somewhere (per-user mode needs it).

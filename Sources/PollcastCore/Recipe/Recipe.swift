@@ -160,14 +160,30 @@ public struct Recipe: Sendable {
     }.joined()
   }
 
-  /// Whether any source or rule reads a response header (headers are collected only then).
-  var readsHeaders: Bool {
-    func reads(_ source: Source?) -> Bool { if case .header = source?.origin { true } else { false } }
-    return reads(events.id) || reads(cursor.initial) || reads(cursor.index)
-      || cursor.value.contains { reads($0.source) }
-      || session.contains { $0.extract.contains { reads($0.1) } }
-      || rules.contains { reads($0.after) || reads($0.to) } || events.format == .raw
+  /// The response headers any source reads, and those the defaults and raw events read (`Retry-After`,
+  /// `Content-Type`): only these are taken from an answer.
+  var headerNames: [String] {
+    var names: [String] = ["Retry-After"]
+    func add(_ source: Source?) {
+      if case .header(let name)? = source?.origin,
+        !names.contains(where: { $0.caseInsensitiveCompare(name) == .orderedSame })
+      {
+        names.append(name)
+      }
+    }
+    add(events.id)
+    add(cursor.initial)
+    add(cursor.index)
+    for part in cursor.value { add(part.source) }
+    for step in session { for (_, source) in step.extract { add(source) } }
+    for rule in rules {
+      add(rule.after)
+      add(rule.to)
+    }
+    if events.format == .raw { names.append("Content-Type") }
+    return names
   }
+
 }
 
 extension Recipe.Step {

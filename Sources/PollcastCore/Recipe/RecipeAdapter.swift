@@ -241,7 +241,7 @@ enum RecipeRequest {
     var request = UpstreamRequest(
       method: step.method, url: url, headers: headers, body: body, timeout: timeout, connectTimeout: connectTimeout,
       label: label)
-    request.wantsHeaders = true
+    request.wantedHeaders = recipe.headerNames
     request.redact = scope.redactions ?? scope.secrets
     return request
   }

@@ -209,7 +209,7 @@ private final class Transfer {
   var owner: ObjectIdentifier?
   var body: [UInt8] = []
   var bodyTooLarge = false
-  var wantsHeaders = false
+  var wantedHeaders: [String]?
   var headerList: UnsafeMutablePointer<curl_slist>?
   var requestBody: [CChar] = []
   let started = MonotonicClock.seconds()
@@ -227,7 +227,7 @@ private final class Transfer {
 
   func configure(_ request: UpstreamRequest) throws(UpstreamError) {
     timeout = request.timeout
-    wantsHeaders = request.wantsHeaders
+    wantedHeaders = request.wantedHeaders
     // A URL curl refuses (bad scheme, malformed) fails here with libcurl's reason, not later as a hang.
     try CurlCall.check(pollcast_easy_setopt_string(easy, CURLOPT_URL, request.url), "CURLOPT_URL")
     try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1), "CURLOPT_NOSIGNAL")
@@ -303,12 +303,32 @@ private final class Transfer {
       return .failure(error)
     }
     return .success(
-      UpstreamResponse(status: status, body: body, duration: duration, headers: wantsHeaders ? receivedHeaders() : []))
+      UpstreamResponse(
+        status: status, body: body, duration: duration, headers: wantedHeaders.map(receivedHeaders) ?? []))
   }
 
-  /// The final answer's header fields, read with libcurl's header API (no callback of ours parses them).
-  private func receivedHeaders() -> [(name: String, value: String)] {
+  /// The final answer's header fields (only `names`, or all when it is empty), read with libcurl's header API (no
+  /// callback of ours parses them).
+  private func receivedHeaders(_ names: [String]) -> [(name: String, value: String)] {
     var fields: [(name: String, value: String)] = []
+    if !names.isEmpty {
+      for name in names {
+        var first: UnsafeMutablePointer<curl_header>?
+        guard curl_easy_header(easy, name, 0, UInt32(CURLH_HEADER), -1, &first) == CURLHE_OK, let first,
+          var value = first.pointee.value
+        else { continue }
+        // The last of several fields of one name, as `UpstreamResponse.header` reads it.
+        let count = first.pointee.amount
+        var final: UnsafeMutablePointer<curl_header>?
+        if count > 1, curl_easy_header(easy, name, count - 1, UInt32(CURLH_HEADER), -1, &final) == CURLHE_OK,
+          let last = final?.pointee.value
+        {
+          value = last
+        }
+        fields.append((name, String(cString: value)))
+      }
+      return fields
+    }
     var previous: UnsafeMutablePointer<curl_header>?
     while let field = curl_easy_nextheader(easy, UInt32(CURLH_HEADER), -1, previous) {
       if let name = field.pointee.name, let value = field.pointee.value {

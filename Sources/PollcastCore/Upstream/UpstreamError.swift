@@ -68,8 +68,9 @@ public struct UpstreamRequest: Sendable {
   public var authentication: Authentication
   /// Short name for logs and metrics: `session`, `last`, `poll`.
   public var label: String
-  /// Whether the response's headers are wanted (`UpstreamResponse.headers`); off, they are not collected.
-  public var wantsHeaders = false
+  /// The response headers wanted in `UpstreamResponse.headers` (nil: none; empty: all). Naming them reads only
+  /// those from libcurl: a poll whose answer has none of them allocates nothing for headers.
+  public var wantedHeaders: [String]?
   /// Values never shown in a log line about this request (a session token in a URL path).
   public var redact: [String] = []
 

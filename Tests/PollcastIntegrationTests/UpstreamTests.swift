@@ -256,7 +256,15 @@ import Testing
       await harness.fixture.append(user: "101", texts: ["g2", "g3"])
       await harness.fixture.queue([.duplicate])
       await harness.fixture.append(user: "101", texts: ["g4"])
-      try client.waitUntil(timeout: 10, "three events") { $0.events(ofType: "message").count >= 3 }
+      do {
+        try client.waitUntil(timeout: 10, "three events") { $0.events(ofType: "message").count >= 3 }
+      } catch {
+        let stats = await harness.relay.feed.statistics()
+        print(
+          "genericAdapterPollsASingleStreamEndpoint timed out; events: \(client.events.map { "\($0.type) \($0.data)" }) feed: \(stats) worker: \(await harness.worker.statistics)"
+        )
+        throw error
+      }
       try client.pump(timeout: 0.3)
       let events = client.events(ofType: "message")
       #expect(events.count == 3)

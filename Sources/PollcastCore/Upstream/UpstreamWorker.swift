@@ -357,18 +357,7 @@ public actor UpstreamWorker {
         metadata: ["stream": rewind.stream, "cursor": String(rewind.from), "upstream_last": String(rewind.to)])
       publishResync(rewind)
     }
-    for reset in plan.resets {
-      let from = book.cursors[reset.stream] ?? 0
-      logger.warning(
-        reset.gap ? "upstream reset the cursor and dropped events: clients are told" : "upstream reset the cursor",
-        metadata: [
-          "stream": reset.stream, "cursor": String(from), "to": String(reset.to), "reason": reset.reason,
-        ])
-      if reset.gap {
-        statistics.cursorRewinds += 1
-        publishResync(CursorBook.Rewind(stream: reset.stream, from: from, to: reset.to, reason: reset.reason))
-      }
-    }
+    announce(plan.resets)
     statistics.duplicatesDropped += plan.duplicates
     let wentBackwards = plan.wentBackwards
     let pending = plan.fresh
@@ -459,24 +448,6 @@ public actor UpstreamWorker {
   let storeGate = AsyncGate()
   /// The last store error, while commits fail (`/readyz` says so).
   var storeFailing: String?
-
-  /// The `message` event for one upstream message: its stream, id, backlog mark and the message verbatim.
-  private func envelope(_ message: UpstreamMessage, stream: String) -> FeedEvent {
-    if message.repaired {
-      statistics.repairedMessages += 1
-      logger.limited(
-        .warning, "upstream message had invalid UTF-8: relayed with U+FFFD",
-        metadata: ["stream": stream, "upstream_id": String(message.id)], limiter: &logLimiter)
-    }
-    let backlog = book.isBacklog(message.id, stream: stream)
-    if backlog { statistics.backlogMessages += 1 }
-    return FeedEvent(
-      stream: stream,
-      data: JSONText.object([
-        "stream": JSONText.quoted(stream), "upstream_id": JSONText.quoted(message.label ?? String(message.id)),
-        "backlog": backlog ? "true" : "false", "message": message.raw,
-      ]), upstreamID: message.id)
-  }
 
   /// The feed shares this worker's loop: publishing is a plain call, no hop.
   private func publish(_ events: [FeedEvent]) {

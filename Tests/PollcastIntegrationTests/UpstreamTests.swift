@@ -252,6 +252,12 @@ import Testing
     try await UpstreamHarness.start(prefill: ["101": ["g1"]], generic: generic).run { harness in
       try await harness.waitForState(.live)
       let client = try TestSSEClient(port: harness.port, path: "/events?stream=feed")
+      // The client's request is sent, not yet read: the messages below must not be published before it subscribes
+      // (it joins live, without a Last-Event-ID, and would miss them — one run in five or so did).
+      let deadline = MonotonicClock.seconds() + 10
+      while await harness.relay.feed.statistics().subscribersConnected < 1 && MonotonicClock.seconds() < deadline {
+        try await Task.sleep(for: .milliseconds(5))
+      }
       try await harness.waitForParkedPoll()
       await harness.fixture.append(user: "101", texts: ["g2", "g3"])
       await harness.fixture.queue([.duplicate])

@@ -139,7 +139,7 @@ import Testing
     check.executableURL = URL(fileURLWithPath: builtProduct("pollcast"))
     check.arguments = [
       "recipe", "check", "--upstream-adapter", "recipe", "--upstream-recipe", EtcdRecipeTests.recipePath, "--polls",
-      "2", "--hold", "4",
+      "2", "--hold", String(4 * timingFactor),
     ]
     check.environment = ProcessInfo.processInfo.environment.merging(["ETCD_URL": etcd.url]) { _, new in new }
     let out = Pipe()

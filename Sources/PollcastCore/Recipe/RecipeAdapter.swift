@@ -20,8 +20,6 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
 
   /// The rule that decided the last answer (nil: a default), for `recipe check` and logs.
   public private(set) var lastRule: String?
-  /// The cursor the last poll sent.
-  public private(set) var lastCursorSent: UInt64?
   /// `recipe check`: no request waits longer than this, whatever the recipe's timeout.
   public var timeoutCap: Double?
 
@@ -113,7 +111,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       let response = try await client.send(request)
       let rules = recipe.rules
       let path = "recipe.session[\(index)]"
-      let outcome = try await RecipeAnswer.decode(response) { text, json in
+      let outcome = await RecipeAnswer.decode(response) { text, json in
         RecipeAnswer.interpretSession(
           status: response.status, headers: response.headers, text: text, json: json, step: step, rules: rules,
           scope: current, path: path)
@@ -152,7 +150,6 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       resetToken = pending.token
     }
     let cursor = reset?.to ?? cursors[recipe.stream] ?? 0
-    lastCursorSent = cursor
     var current = scope(cursor: cursor)
     if recipe.cursor.opaque {
       current.opaque = true
@@ -164,7 +161,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     let response = try await client.send(request)
     let recipe = self.recipe
     let sent = current
-    let verdict = try await RecipeAnswer.decode(response) { text, json in
+    let verdict = await RecipeAnswer.decode(response) { text, json in
       RecipeAnswer.interpretPoll(
         status: response.status, headers: response.headers, text: text, json: json, recipe: recipe, scope: sent)
     }
@@ -200,7 +197,7 @@ extension RecipeAdapter {
       answer.batches[index].messages[position].id = next
       if position < keys.count { answer.batches[index].messages[position].dedupeKey = keys[position] }
     }
-    answer.dedupeWindow = recipe.cursor.dedupe?.window ?? RecentKeys.defaultCapacity
+    answer.dedupeWindow = recipe.cursor.dedupe?.window ?? RecentKeys.capacity
   }
 }
 

@@ -57,15 +57,13 @@ enum RecipeAnswer {
   static func decode<T: Sendable>(
     _ response: UpstreamResponse, isolation: isolated (any Actor)? = #isolation,
     _ interpret: @escaping @Sendable (RepairedText, RawJSON?) -> T
-  ) async throws(UpstreamError) -> T {
+  ) async -> T {
     let body = response.body
-    let work: @Sendable () -> T = {
+    return await response.offLoopIfLarge {
       let text = RepairedText(body)
       let trimmed = text.text.utf8.contains { !($0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09) }
       return interpret(text, trimmed ? try? RawJSON.parse(text.text) : nil)
     }
-    if body.count <= UpstreamResponse.inlineDecodeLimit { return work() }
-    return await Task.detached(priority: .userInitiated, operation: work).value
   }
 
   // MARK: Sources and conditions
@@ -173,8 +171,8 @@ enum RecipeAnswer {
 
   static func retryDefault(status: Int, context: Context) -> Double? {
     guard status == 429 || status == 503, let header = context.header("Retry-After") else { return nil }
-    return delay(Recipe.Source(origin: .header("Retry-After")), context).map { min($0, UpstreamError.maxRetryAfter) }
-      ?? (Double(header) == nil ? nil : 0)
+    // The worker bounds the delay (`UpstreamError.maxRetryAfter`); a negative number means "now".
+    return delay(Recipe.Source(origin: .header("Retry-After")), context) ?? (Double(header) == nil ? nil : 0)
   }
 
   // MARK: Session steps

@@ -215,6 +215,4 @@ extension RecipeTemplate {
     }.joined()
   }
 
-  /// Whether every placeholder has a value in `scope`.
-  func isFilled(by scope: RecipeScope) -> Bool { placeholders.allSatisfy { scope.value(of: $0) != nil } }
 }

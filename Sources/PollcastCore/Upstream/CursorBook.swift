@@ -122,7 +122,7 @@ struct CursorBook: Sendable {
     var resets: [UpstreamCursorReset] = []
     /// The API's opaque cursors after the answer, for known streams: committed with its last messages.
     var tokens: [String: String] = [:]
-    var dedupeWindow = RecentKeys.defaultCapacity
+    var dedupeWindow = RecentKeys.capacity
 
     var wentBackwards: Bool { !rewinds.isEmpty }
   }
@@ -180,12 +180,12 @@ struct CursorBook: Sendable {
   /// `slice` is stored (with `cursors(after: slice)`): the cursors move, and its ids (and dedupe keys, kept up to
   /// `window` per stream) count as relayed lately.
   mutating func stored(
-    _ slice: ArraySlice<(stream: String, message: UpstreamMessage)>, window: Int = RecentKeys.defaultCapacity
+    _ slice: ArraySlice<(stream: String, message: UpstreamMessage)>, window: Int = RecentKeys.capacity
   ) {
     cursors = cursors(after: slice)
     for (stream, message) in slice {
       recent[stream, default: RecentIDs()].insert(message.id)
-      if let key = message.dedupeKey { _ = recentKeys[stream, default: RecentKeys(capacity: window)].insert(key) }
+      if let key = message.dedupeKey { recentKeys[stream, default: RecentKeys(capacity: window)].insert(key) }
     }
   }
 
@@ -252,54 +252,38 @@ extension FeedPosition {
   }
 }
 
-/// The last `capacity` dedupe keys stored on one stream, oldest forgotten first.
-public struct RecentKeys: Sendable {
-  public static let defaultCapacity = 4096
-  let capacity: Int
-  private var order: [String] = []
-  private var members: Set<String> = []
+/// The last few thousand items seen on one stream, oldest forgotten first: relayed ids (`RecentIDs`, to tell a
+/// resend from ids going backwards) and stored dedupe keys (`RecentKeys`, an opaque-cursor recipe's redeliveries).
+struct RecentSet<Element: Hashable & Sendable>: Sendable {
+  /// How many are kept unless a recipe's `cursor.dedupe.window` says otherwise.
+  static var capacity: Int { 4096 }
+  let limit: Int
+  private var order: [Element] = []
+  private var members: Set<Element> = []
   private var next = 0
 
-  init(capacity: Int) { self.capacity = max(1, capacity) }
+  init(capacity: Int = RecentSet.capacity) { limit = max(1, capacity) }
 
-  func contains(_ key: String) -> Bool { members.contains(key) }
+  func contains(_ item: Element) -> Bool { members.contains(item) }
 
-  /// Adds `key`; false when it was there already.
-  mutating func insert(_ key: String) -> Bool {
-    guard !members.contains(key) else { return false }
-    if order.count < capacity {
-      order.append(key)
+  /// Adds `item`; false when it was there already.
+  @discardableResult
+  mutating func insert(_ item: Element) -> Bool {
+    guard !members.contains(item) else { return false }
+    if order.count < limit {
+      order.append(item)
     } else {
       members.remove(order[next])
-      order[next] = key
-      next = (next + 1) % capacity
+      order[next] = item
+      next = (next + 1) % limit
     }
-    members.insert(key)
+    members.insert(item)
     return true
   }
 }
 
-/// The last few thousand ids relayed on one stream, to tell a resend from ids going backwards.
-struct RecentIDs: Sendable {
-  static let capacity = 4096
-  private var order: [UInt64] = []
-  private var members: Set<UInt64> = []
-  private var next = 0
-
-  func contains(_ id: UInt64) -> Bool { members.contains(id) }
-
-  mutating func insert(_ id: UInt64) {
-    guard !members.contains(id) else { return }
-    if order.count < RecentIDs.capacity {
-      order.append(id)
-    } else {
-      members.remove(order[next])
-      order[next] = id
-      next = (next + 1) % RecentIDs.capacity
-    }
-    members.insert(id)
-  }
-}
+typealias RecentIDs = RecentSet<UInt64>
+typealias RecentKeys = RecentSet<String>
 
 /// Which messages of one stream's answer are new, and whether the upstream's ids went backwards. A pure value,
 /// so the rule is tested (and fuzzed) without sockets.

@@ -79,7 +79,7 @@ public struct UpstreamPollAnswer: Sendable, Equatable {
   /// The API's opaque cursor per stream after this answer: stored in the same commit as the answer's messages.
   public var tokens: [String: String] = [:]
   /// How many recent dedupe keys per stream the cursor book remembers.
-  public var dedupeWindow = RecentKeys.defaultCapacity
+  public var dedupeWindow = RecentKeys.capacity
 
   public init(batches: [(stream: String, messages: [UpstreamMessage])], rejected: [UpstreamRejection] = []) {
     self.batches = batches
@@ -167,8 +167,16 @@ extension UpstreamResponse {
         return try interpret(json, text)
       }
     }
-    if body.count <= UpstreamResponse.inlineDecodeLimit { return try work().get() }
-    return try await Task.detached(priority: .userInitiated, operation: work).value.get()
+    return try await offLoopIfLarge(work).get()
+  }
+
+  /// Runs `work` here (on the loop) for a body up to `inlineDecodeLimit`, on another thread for a larger one: the
+  /// one place that rule lives, for the adapters' decoding and the recipes'.
+  func offLoopIfLarge<T: Sendable>(
+    isolation: isolated (any Actor)? = #isolation, _ work: @escaping @Sendable () -> T
+  ) async -> T {
+    if body.count <= UpstreamResponse.inlineDecodeLimit { return work() }
+    return await Task.detached(priority: .userInitiated, operation: work).value
   }
 
   /// Throws for anything but 200: 401 as an expired session (when `sessionOn401`), the rest as status errors.

@@ -7,39 +7,29 @@ import Testing
 /// `errorCode 401`) with a `resync` status event where etcd dropped history. `recipe check` shows what it would
 /// relay.
 @Suite(.serialized, .timeLimit(.minutes(5))) struct EtcdRecipeTests {
-  /// etcd on two free loopback ports, its data in `directory`.
+  /// etcd on two free loopback ports (client, peer), its data and log in `directory`.
   final class Etcd {
-    let process = Process()
-    let port: Int
+    let server: LocalServer
+    var port: Int { server.ports[0] }
     var url: String { "http://127.0.0.1:\(port)" }
 
     init(directory: URL) throws {
-      func freePort() throws -> Int {
-        let probe = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 1)
-        defer { close(probe.fd) }
-        return probe.port
-      }
-      port = try freePort()
-      let peer = try freePort()
-      guard FileManager.default.isExecutableFile(atPath: "/usr/bin/etcd") else {
-        throw TestSSEClient.Failure(description: "/usr/bin/etcd is missing: apt-get install etcd-server")
-      }
-      process.executableURL = URL(fileURLWithPath: "/usr/bin/etcd")
-      process.arguments = [
-        "--enable-v2=true", "--data-dir", directory.appendingPathComponent("etcd").path,
-        "--listen-client-urls", "http://127.0.0.1:\(port)", "--advertise-client-urls", "http://127.0.0.1:\(port)",
-        "--listen-peer-urls", "http://127.0.0.1:\(peer)", "--initial-advertise-peer-urls", "http://127.0.0.1:\(peer)",
-        "--initial-cluster", "default=http://127.0.0.1:\(peer)",
-      ]
-      process.standardOutput = FileHandle.nullDevice
-      process.standardError = FileHandle.nullDevice
-      try process.run()
-      let deadline = MonotonicClock.seconds() + 20 * timingFactor
-      while MonotonicClock.seconds() < deadline {
-        if let answer = try? run("/usr/bin/curl", ["-sf", "\(url)/version"], timeout: 2), answer.code == 0 { return }
-        usleep(100_000)
-      }
-      throw TestSSEClient.Failure(description: "etcd did not start")
+      server = try LocalServer(
+        "etcd", executable: "/usr/bin/etcd", portCount: 2, directory: directory, timeout: 20 * timingFactor,
+        arguments: { ports in
+          let (client, peer) = (ports[0], ports[1])
+          return [
+            "--enable-v2=true", "--data-dir", directory.appendingPathComponent("etcd-\(client)").path,
+            "--listen-client-urls", "http://127.0.0.1:\(client)", "--advertise-client-urls",
+            "http://127.0.0.1:\(client)", "--listen-peer-urls", "http://127.0.0.1:\(peer)",
+            "--initial-advertise-peer-urls", "http://127.0.0.1:\(peer)", "--initial-cluster",
+            "default=http://127.0.0.1:\(peer)",
+          ]
+        },
+        ready: { ports in
+          let answer = try? run("/usr/bin/curl", ["-sf", "http://127.0.0.1:\(ports[0])/version"], timeout: 2)
+          return answer?.code == 0
+        })
     }
 
     /// Sets `key` to `value`; returns the write's modifiedIndex.
@@ -50,11 +40,6 @@ import Testing
         let index = json.resolve(pointer: "/node/modifiedIndex")?.unsignedID
       else { throw TestSSEClient.Failure(description: "etcd PUT failed: \(answer.stdout) \(answer.stderr)") }
       return index
-    }
-
-    deinit {
-      kill(process.processIdentifier, SIGKILL)
-      process.waitUntilExit()
     }
   }
 

@@ -7,66 +7,56 @@ import Testing
 /// bodies are raw text or JSON as published. Relayed exactly once, across held answers that time out (408) and a
 /// relay `kill -9` with the SQLite store.
 @Suite(.serialized, .timeLimit(.minutes(5))) struct NchanRecipeTests {
+  /// nginx with nchan on a free loopback port, its config and temp files in `directory`, its errors in the log.
   final class Nginx {
-    let process = Process()
-    let port: Int
+    let server: LocalServer
+    var port: Int { server.ports[0] }
     var url: String { "http://127.0.0.1:\(port)" }
 
     init(directory: URL) throws {
       let module = "/usr/lib/nginx/modules/ngx_nchan_module.so"
-      guard FileManager.default.isExecutableFile(atPath: "/usr/sbin/nginx"),
-        FileManager.default.fileExists(atPath: module)
-      else {
-        throw TestSSEClient.Failure(
-          description: "nginx with nchan is missing: apt-get install nginx libnginx-mod-nchan")
+      guard FileManager.default.fileExists(atPath: module) else {
+        throw TestSSEClient.Failure(description: "nchan is missing: apt-get install nginx libnginx-mod-nchan")
       }
-      let probe = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 1)
-      port = probe.port
-      close(probe.fd)
       let root = directory.path
-      let config = """
-        load_module \(module);
-        daemon off;
-        # One process: a worker of its own would outlive a SIGKILL of the master and keep Foundation's exit watch.
-        master_process off;
-        error_log \(root)/error.log warn;
-        pid \(root)/nginx.pid;
-        events { worker_connections 256; }
-        http {
-          access_log off;
-          client_body_temp_path \(root)/body;
-          proxy_temp_path \(root)/proxy;
-          fastcgi_temp_path \(root)/fastcgi;
-          uwsgi_temp_path \(root)/uwsgi;
-          scgi_temp_path \(root)/scgi;
-          server {
-            listen 127.0.0.1:\(port);
-            location ~ /pub/(\\w+)$ { nchan_publisher; nchan_channel_id $1; nchan_message_buffer_length 5000; }
-            location ~ /sub/(\\w+)$ {
-              nchan_subscriber longpoll; nchan_channel_id $1; nchan_subscriber_first_message oldest;
-              nchan_subscriber_timeout 2s;
-            }
-          }
-        }
-        """
       let file = directory.appendingPathComponent("nginx.conf")
-      try config.write(to: file, atomically: true, encoding: .utf8)
-      process.executableURL = URL(fileURLWithPath: "/usr/sbin/nginx")
-      process.arguments = ["-c", file.path, "-p", root, "-e", "\(root)/error.log"]
-      process.standardOutput = FileHandle.nullDevice
-      process.standardError = FileHandle.nullDevice
-      try process.run()
-      let deadline = MonotonicClock.seconds() + 10 * timingFactor
-      while MonotonicClock.seconds() < deadline {
-        if let answer = try? run(
-          "/usr/bin/curl", ["-s", "-o", "/dev/null", "-w", "%{http_code}", "\(url)/pub/probe"], timeout: 2),
-          answer.stdout == "200" || answer.stdout == "404"
-        {
-          return
-        }
-        usleep(100_000)
-      }
-      throw TestSSEClient.Failure(description: "nginx did not start")
+      server = try LocalServer(
+        "nginx", executable: "/usr/sbin/nginx", portCount: 1, directory: directory, timeout: 10 * timingFactor,
+        prepare: { ports in
+          let config = """
+            load_module \(module);
+            daemon off;
+            # One process: a worker of its own would outlive a SIGKILL of the master and keep Foundation's exit watch.
+            master_process off;
+            error_log stderr warn;
+            pid \(root)/nginx.pid;
+            events { worker_connections 256; }
+            http {
+              access_log off;
+              client_body_temp_path \(root)/body;
+              proxy_temp_path \(root)/proxy;
+              fastcgi_temp_path \(root)/fastcgi;
+              uwsgi_temp_path \(root)/uwsgi;
+              scgi_temp_path \(root)/scgi;
+              server {
+                listen 127.0.0.1:\(ports[0]);
+                location ~ /pub/(\\w+)$ { nchan_publisher; nchan_channel_id $1; nchan_message_buffer_length 5000; }
+                location ~ /sub/(\\w+)$ {
+                  nchan_subscriber longpoll; nchan_channel_id $1; nchan_subscriber_first_message oldest;
+                  nchan_subscriber_timeout 2s;
+                }
+              }
+            }
+            """
+          try config.write(to: file, atomically: true, encoding: .utf8)
+        },
+        arguments: { _ in ["-c", file.path, "-p", root, "-e", "stderr"] },
+        ready: { ports in
+          let answer = try? run(
+            "/usr/bin/curl",
+            ["-s", "-o", "/dev/null", "-w", "%{http_code}", "http://127.0.0.1:\(ports[0])/pub/probe"], timeout: 2)
+          return answer?.stdout == "200" || answer?.stdout == "404"
+        })
     }
 
     func publish(_ channel: String, _ body: String, type: String = "text/plain") throws {
@@ -74,11 +64,6 @@ import Testing
         "/usr/bin/curl",
         ["-sf", "-XPOST", "\(url)/pub/\(channel)", "-H", "Content-Type: \(type)", "--data-binary", body])
       if answer.code != 0 { throw TestSSEClient.Failure(description: "nchan publish failed: \(answer.stderr)") }
-    }
-
-    deinit {
-      kill(process.processIdentifier, SIGKILL)
-      process.waitUntilExit()
     }
   }
 

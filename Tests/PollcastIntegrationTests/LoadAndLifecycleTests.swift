@@ -107,7 +107,7 @@ import Testing
       }
       try await harness.waitForSubscribers { $0 == 0 }
       let descriptorsBefore = openDescriptorCount()
-      let memoryBefore = residentBytes()
+      let memoryBefore = liveMemory()
       let cycles = 5000
       for cycle in 0..<cycles {
         let client = try TestSSEClient(port: harness.port, headers: cycle % 2 == 0 ? [("Last-Event-ID", "0")] : [])
@@ -129,9 +129,11 @@ import Testing
       }
       #expect(closeWaitCount(port: harness.port) == 0)
       #expect(openDescriptorCount() <= descriptorsBefore + 2)
-      let growth = residentBytes() - memoryBefore
-      print("connect/close cycles: \(cycles), RSS growth \(growth) bytes")
-      #expect(growth < 3 << 20, "RSS grew by \(growth) bytes over \(cycles) cycles (a leak of 1.7 kB each is 8 MB)")
+      let growth = liveMemory().bytes - memoryBefore.bytes
+      print("connect/close cycles: \(cycles), \(memoryBefore.measure): grew \(growth) bytes")
+      #expect(
+        growth < 3 << 20,
+        "\(memoryBefore.measure) grew by \(growth) bytes over \(cycles) cycles (a leak of 1.7 kB each is 8 MB)")
     }
   }
 }

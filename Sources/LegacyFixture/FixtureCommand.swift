@@ -5,7 +5,8 @@ import PollcastCore
 public enum FixtureCommand {
   public static let usage = """
     USAGE: pollcast-legacy-fixture [--listen HOST:PORT] [--api-key KEY] [--user-id ID] [--linked-user-id ID|none]
-                                 [--accounts N] [--page-size N] [--chatter SECONDS]
+                                 [--accounts N] [--page-size N] [--chatter SECONDS] [--max-poll-timeout SECONDS]
+                                 [--answer-delay-ms MS] [--stall-fraction F]
 
     Serves the reference legacy long-poll API (POST /api/session, GET /api/messages/last, GET /api/messages/poll,
     GET /api/feed) and its control API (/_control/messages, /_control/link, /_control/expire-tokens,
@@ -20,6 +21,11 @@ public enum FixtureCommand {
       --page-size N           messages per poll answer at most (default: 100)
       --accounts N            also serve users 1000 … 1000+N-1, API key key-<user_id>, no linked account
                               (per-user relaying); /_control/stats then reports them under "users"
+      --max-poll-timeout S    the longest a poll is held, whatever timeout= asks (default 120)
+      --answer-delay-ms MS    every poll answer goes out MS ms after it is decided, still in flight meanwhile:
+                              a slow legacy API (default 0; sessions and control answers are not delayed)
+      --stall-fraction F      this share (0 to 1) of accounts never get a poll answered, as if their connections
+                              stalled; the same accounts on every run (a hash of the user id)
       -h, --help, --version
     """
 
@@ -86,6 +92,21 @@ public enum FixtureCommand {
           return fail("--chatter needs a number of seconds above 0")
         }
         chatter = seconds
+      case "--max-poll-timeout":
+        guard let text = next(), let seconds = Double(text), seconds >= 0, seconds <= 3600 else {
+          return fail("--max-poll-timeout needs a number of seconds (0 to 3600)")
+        }
+        options.maxPollTimeout = seconds
+      case "--answer-delay-ms":
+        guard let text = next(), let milliseconds = Double(text), milliseconds >= 0, milliseconds <= 600_000 else {
+          return fail("--answer-delay-ms needs a number of milliseconds (0 to 600000)")
+        }
+        options.answerDelay = milliseconds / 1000
+      case "--stall-fraction":
+        guard let text = next(), let fraction = Double(text), fraction >= 0, fraction <= 1 else {
+          return fail("--stall-fraction needs a share of accounts between 0 and 1")
+        }
+        options.stallFraction = fraction
       default:
         return fail("unknown option \(name)")
       }

@@ -196,8 +196,14 @@ extension LegacyFixture {
     timeout: Double, user: String?, apiKey: String? = nil
   ) {
     stats.polls += 1
-    let fault = faults.isEmpty ? nil : faults.removeFirst()
-    if fault != nil { stats.faultsApplied += 1 }
+    var fault = faults.isEmpty ? nil : faults.removeFirst()
+    if fault != nil {
+      stats.faultsApplied += 1
+    } else if let user, options.stalls(user) {
+      fault = .hang
+    } else if options.answerDelay > 0 {
+      fault = .delay(milliseconds: Int((options.answerDelay * 1000).rounded()))
+    }
     if case .status(let code) = fault {
       json(request, #"{"error":"injected fault"}"#, status: Int32(code))
       return
@@ -213,6 +219,7 @@ extension LegacyFixture {
     stats.maxPollsInFlightPerToken = max(stats.maxPollsInFlightPerToken, inFlight)
     if let user {
       var perUser = stats.users[user, default: LegacyFixture.UserStats()]
+      perUser.polls += 1
       perUser.pollsInFlight += 1
       perUser.maxPollsInFlight = max(perUser.maxPollsInFlight, perUser.pollsInFlight)
       stats.users[user] = perUser
@@ -253,12 +260,20 @@ extension LegacyFixture {
     poll.answering = true
     poll.timer = nil
     let body = answerBody(poll)
+    let kind = poll.kind  // not the poll: the delay timer it owns keeps this closure
+    let send: @Sendable (isolated LegacyFixture, HTTPRequest) -> Void = { fixture, request in
+      if case .shape(let shape) = kind {
+        fixture.respondShape(shape, request, body: body)
+      } else {
+        fixture.json(request, body)
+      }
+    }
     switch poll.fault {
     case .delay(let milliseconds):
       // Stays in flight (and parked) until the delayed answer goes out.
       let timer = LoopTimer(loop: loop) { [weak self, weak poll] in
         guard let self, let poll else { return }
-        self.assumeIsolated { fixture in fixture.finish(poll) { fixture.json($0, body) } }
+        self.assumeIsolated { fixture in fixture.finish(poll) { send(fixture, $0) } }
       }
       timer.schedule(after: Double(milliseconds) / 1000)
       poll.timer = timer
@@ -267,11 +282,7 @@ extension LegacyFixture {
     case .resetMidBody:
       finish(poll) { request in self.sendPartialThenReset(request, body: body, watch: poll.watch) }
     default:
-      if case .shape(let shape) = poll.kind {
-        finish(poll) { self.respondShape(shape, $0, body: body) }
-      } else {
-        finish(poll) { self.json($0, body) }
-      }
+      finish(poll) { send(self, $0) }
     }
   }
 
@@ -510,7 +521,8 @@ extension LegacyFixture {
           let perUser = snapshot.users[user]!
           return JSONText.quoted(user) + ":"
             + JSONText.object([
-              "sessions": String(perUser.sessions), "polls_in_flight": String(perUser.pollsInFlight),
+              "sessions": String(perUser.sessions), "polls": String(perUser.polls),
+              "polls_in_flight": String(perUser.pollsInFlight),
               "max_polls_in_flight": String(perUser.maxPollsInFlight),
             ])
         }.joined(separator: ",") + "}",

@@ -23,8 +23,22 @@ public actor LegacyFixture {
     /// Extra accounts for per-user relaying: users `1000` … `1000+accounts-1`, API key `key-<user_id>`, no linked
     /// account (DESIGN, "Who reads what").
     public var accounts = 0
+    /// Seconds every poll answer waits after it is decided, as a slow legacy API's would (0: none). The poll stays in
+    /// flight meanwhile. Sessions and control answers are not delayed.
+    public var answerDelay = 0.0
+    /// The share of accounts (0 to 1) whose polls are never answered, as if the legacy API stalled their
+    /// connections; chosen by a hash of the user id, so the same accounts stall on every run.
+    public var stallFraction = 0.0
 
     public init() {}
+
+    /// Whether `user`'s polls stall (`stallFraction`): FNV-1a of the id, in thousandths.
+    public func stalls(_ user: String) -> Bool {
+      guard stallFraction > 0 else { return false }
+      var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+      for byte in user.utf8 { hash = (hash ^ UInt64(byte)) &* 0x100_0000_01b3 }
+      return Double(hash % 1000) < stallFraction * 1000
+    }
   }
 
   public struct Stats: Sendable, Equatable {
@@ -44,6 +58,8 @@ public actor LegacyFixture {
 
   public struct UserStats: Sendable, Equatable {
     public var sessions = 0
+    /// Polls received, answered or not.
+    public var polls = 0
     public var pollsInFlight = 0
     public var maxPollsInFlight = 0
   }

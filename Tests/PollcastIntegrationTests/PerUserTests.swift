@@ -12,6 +12,48 @@ import Testing
 
   static func texts(_ client: TestSSEClient) -> [String] { client.relayedMessages.map(\.text) }
 
+  /// A legacy API that is slow (every answer 50 ms late) and never answers half its accounts' polls: the relay keeps
+  /// every other account live, before and after the stalled polls time out and are sent again.
+  @Test func stalledAccountsDoNotHoldUpTheOthers() async throws {
+    try await AccountsHarness.start(
+      accounts: 6,
+      fixtureOptions: {
+        $0.stallFraction = 0.5
+        $0.answerDelay = 0.05
+      }
+    ).run { harness in
+      let options = { () -> LegacyFixture.Options in
+        var options = LegacyFixture.Options()
+        options.stallFraction = 0.5
+        return options
+      }()
+      let users = (1000..<1006).map(String.init)
+      let stalled = users.filter(options.stalls)
+      let live = users.filter { !options.stalls($0) }
+      try #require(!stalled.isEmpty && !live.isEmpty, "the hash splits six accounts both ways")
+      var clients: [String: TestSSEClient] = [:]
+      for user in users { clients[user] = try harness.client("key-\(user)") }
+      for user in users { try await harness.waitForParkedPoll(user: user) }
+      for round in 1...2 {
+        for user in users { await harness.fixture.append(user: user, texts: ["\(user)-\(round)"]) }
+        for user in live {
+          try clients[user]!.waitUntil("\(user)'s round \(round)") { $0.relayedMessages.count >= round }
+          #expect(Self.texts(clients[user]!) == (1...round).map { "\(user)-\($0)" })
+        }
+        // Past the relay's request timeout (hold 1 s + margin 1 s, 3 s in all): the stalled polls were given up
+        // and sent again, and the live accounts' next round is not held up by them.
+        if round == 1 { try await Task.sleep(for: .seconds(3.5)) }
+      }
+      for user in stalled {
+        #expect(clients[user]!.relayedMessages.isEmpty, "\(user)'s polls are never answered")
+        let stats = await harness.fixture.statistics().users[user]
+        #expect((stats?.pollsInFlight ?? 0) <= 1, "one poll at a time, even when stalled")
+        #expect((stats?.maxPollsInFlight ?? 0) <= 1)
+        #expect((stats?.polls ?? 0) >= 2, "a stalled poll is given up and sent again")
+      }
+    }
+  }
+
   /// Two users never see each other's messages: live, in replay, through `?stream=` naming the other's stream,
   /// or through a Last-Event-ID taken from the other's stream.
   @Test func twoUsersNeverSeeEachOthersMessages() async throws {

@@ -14,10 +14,11 @@ struct AccountsHarness: StoppableHarness {
     accounts: Int = 4, hub settings: AccountHub.Settings = fastSettings(), admission: Admission.Limits = .init(),
     generic: GenericAdapter.Settings? = nil, fixtureURL: String? = nil, charset: CredentialCharset = .b64token,
     logger: Logger = Logger(
-      label: "test", level: .critical)
+      label: "test", level: .critical), fixtureOptions: (inout LegacyFixture.Options) -> Void = { _ in }
   ) async throws -> AccountsHarness {
     var options = LegacyFixture.Options()
     options.accounts = accounts
+    fixtureOptions(&options)
     let fixture = try await LegacyFixture.start(options)
     let base = fixtureURL ?? "http://\(fixture.address)"
     var worker = UpstreamWorker.Settings()

@@ -3,8 +3,12 @@
 # random accounts at RATE per second. Reports polls in flight per account (fixture stats, must stay ≤ 1), relay
 # CPU per delivery, RSS per active account and per further subscriber, p50/p99 latency, and relay CPU idle with
 # every account's poll hanging. Relay on CPU 0, fixture and bench on CPU 1.
-# Usage: Benchmarks/accounts.sh [RUNS=3] [ACCOUNTS=2000] [RATE=100] [MESSAGES=3000] [IDLE_SECONDS=20] [STORE=memory]
+# Usage: Benchmarks/accounts.sh [RUNS=3] [ACCOUNTS=2000] [RATE=100] [MESSAGES=3000] [IDLE_SECONDS=60] [STORE=memory]
 #        [ADAPTER=chat]
+# IDLE_SECONDS must be longer than two poll holds (HOLD, default 25 s) for the idle figure to include re-polls: the
+# script refuses a shorter one. HOLD sets both the relay's poll timeout and the fixture's longest hold.
+# FIXTURE_ARGS adds fixture options, e.g. FIXTURE_ARGS="--answer-delay-ms 200" (a slow legacy API) or
+# "--stall-fraction 0.5" (half the accounts' polls never answered).
 # ADAPTER=generic polls the fixture's single-stream /api/feed with each subscriber's key as a Bearer header (the
 # generic adapter, a built-in recipe since issue 22) instead of the chat API's session/poll.
 # STORE=sqlite keeps every account's ring, ids and cursors in a fresh SQLite file per run.
@@ -14,9 +18,15 @@ runs=${1:-3}
 accounts=${2:-2000}
 rate=${3:-100}
 messages=${4:-3000}
-idle=${5:-20}
+idle=${5:-60}
 store=${6:-memory}
 adapter=${7:-chat}
+hold=${HOLD:-25}
+read -r -a fixture_args <<<"${FIXTURE_ARGS:-}"
+if ! python3 -c "import sys; sys.exit(0 if float('$idle') > 2 * float('$hold') else 1)"; then
+  echo "IDLE_SECONDS ($idle) must be longer than two poll holds (2 × $hold s): the idle figure would hold no re-poll" >&2
+  exit 64
+fi
 # BENCH_BIN_DIR: another build's bin directory (an A/B against an older commit); default this tree's release build.
 if [ -n "${BENCH_BIN_DIR:-}" ]; then
   bin=$BENCH_BIN_DIR
@@ -28,14 +38,15 @@ work=$(mktemp -d)
 cleanup() { kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 for run in $(seq 1 "$runs"); do
-  taskset -c 1 "$bin/pollcast-legacy-fixture" --listen 127.0.0.1:0 --accounts "$accounts" >"$work/fixture.out" 2>/dev/null &
+  taskset -c 1 "$bin/pollcast-legacy-fixture" --listen 127.0.0.1:0 --accounts "$accounts" \
+    --max-poll-timeout "$hold" ${fixture_args[@]+"${fixture_args[@]}"} >"$work/fixture.out" 2>/dev/null &
   fixture_pid=$!
   until grep -q listening "$work/fixture.out" 2>/dev/null; do sleep 0.05; done
   fixture=$(head -1 "$work/fixture.out" | sed 's/listening on //')
   rm -f "$work"/store.db*
-  upstream=(--upstream-url "http://$fixture")
+  upstream=(--upstream-url "http://$fixture" --upstream-poll-timeout-seconds "$hold")
   if [ "$adapter" = generic ]; then
-    upstream=(--upstream-adapter generic --generic-url-template "http://$fixture/api/feed?after={cursor}&timeout=25"
+    upstream=(--upstream-adapter generic --generic-url-template "http://$fixture/api/feed?after={cursor}&timeout=$hold"
       --generic-events-pointer /data/items --generic-id-pointer /seq --generic-headers "Authorization: Bearer {credential}")
   fi
   taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 "${upstream[@]}" --auth-mode upstream \

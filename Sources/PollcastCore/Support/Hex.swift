@@ -2,7 +2,18 @@ import Foundation
 
 extension Sequence<UInt8> {
   /// Lowercase hex, two digits a byte (digests, stored secrets).
-  var lowercaseHex: String { map { String(format: "%02x", $0) }.joined() }
+  /// From a table, not `String(format:)`: Foundation's formatter cost ~1 µs a byte, and a per-user relay renders a
+  /// digest for every key of every active account on each key re-check pass (issue 23's profile).
+  var lowercaseHex: String {
+    let digits = Array("0123456789abcdef".utf8)
+    var text: [UInt8] = []
+    text.reserveCapacity(underestimatedCount * 2)
+    for byte in self {
+      text.append(digits[Int(byte >> 4)])
+      text.append(digits[Int(byte & 0x0f)])
+    }
+    return String(decoding: text, as: UTF8.self)
+  }
 }
 
 extension [UInt8] {

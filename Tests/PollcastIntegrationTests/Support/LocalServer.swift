@@ -1,7 +1,7 @@
 import Foundation
 import PollcastCore
 
-/// A real server (etcd, nginx) that a test starts on free loopback ports, with its output in a log file.
+/// A real server (etcd, nginx, chromedriver) that a test starts on free loopback ports, with its output in a log file.
 ///
 /// A port picked by binding port 0 and closing it can be taken again before the server binds it, and a server on a
 /// fresh machine can fail to come up once (CI saw etcd not answer for 20 s, with nothing to say why). So a start is
@@ -11,7 +11,6 @@ final class LocalServer {
   let process: Process
   /// The ports handed to `arguments` for the attempt that came up.
   let ports: [Int]
-  let log: URL
 
   /// Starts `executable` with `arguments(ports)`, `portCount` free ports each attempt, until `ready(ports)` holds.
   /// `prepare(ports)` runs before each attempt (a config file naming the ports, say).
@@ -41,7 +40,6 @@ final class LocalServer {
         if ready(ports) {
           self.process = process
           self.ports = ports
-          self.log = log
           return
         }
         usleep(100_000)
@@ -63,8 +61,11 @@ final class LocalServer {
     return sockets.map(\.port)
   }
 
-  deinit {
-    kill(process.processIdentifier, SIGKILL)
+  /// Kills the server (SIGKILL) unless it has exited, and reaps it.
+  func stop() {
+    if process.isRunning { kill(process.processIdentifier, SIGKILL) }
     process.waitUntilExit()
   }
+
+  deinit { stop() }
 }

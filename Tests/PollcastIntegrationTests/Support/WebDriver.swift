@@ -3,55 +3,31 @@ import PollcastCore
 
 /// A minimal W3C WebDriver client for Debian's chromedriver + headless Chromium, over curl.
 final class WebDriver {
-  let process: Process
-  let port: Int
+  let server: LocalServer
+  var port: Int { server.ports[0] }
+  /// Where chromedriver's output goes (removed with the driver).
+  private let directory: URL
   private(set) var sessionID = ""
 
   struct Failure: Error, CustomStringConvertible { var description: String }
 
   init(chromedriver: String = "/usr/bin/chromedriver", chromium: String = "/usr/bin/chromium") throws {
-    guard FileManager.default.isExecutableFile(atPath: chromedriver),
-      FileManager.default.isExecutableFile(atPath: chromium)
-    else {
+    guard FileManager.default.isExecutableFile(atPath: chromium) else {
       throw Failure(description: "chromium and chromium-driver are required (scripts/install-deps.sh installs them)")
     }
-    // A free port: bind 0, read it back, release it for chromedriver. Another socket can take it in between, so
-    // a chromedriver that does not come up is retried on a fresh port.
-    var attempt = 0
-    var started: (Process, Int)?
-    var lastLog = ""
-    while started == nil && attempt < 3 {
-      attempt += 1
-      let probe = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 1)
-      let candidate = probe.port
-      close(probe.fd)
-      let logPath = FileManager.default.temporaryDirectory.appendingPathComponent("chromedriver-\(candidate).log").path
-      let process = Process()
-      process.executableURL = URL(fileURLWithPath: chromedriver)
-      process.arguments = ["--port=\(candidate)", "--allowed-ips=127.0.0.1", "--log-path=\(logPath)"]
-      process.standardOutput = FileHandle.nullDevice
-      process.standardError = FileHandle.nullDevice
-      try process.run()
-      let deadline = MonotonicClock.seconds() + 15
-      while MonotonicClock.seconds() < deadline && process.isRunning {
-        if (try? WebDriver.call(port: candidate, "GET", "/status"))?["value"]?["ready"]?.rawText == "true" {
-          started = (process, candidate)
-          break
-        }
-        usleep(100_000)
-      }
-      if started == nil {
-        lastLog = (try? String(contentsOfFile: logPath, encoding: .utf8)).map { String($0.suffix(600)) } ?? ""
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
-      }
-      try? FileManager.default.removeItem(atPath: logPath)
+    directory = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-webdriver-\(UUID().uuidString)")
+    try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    do {
+      server = try LocalServer(
+        "chromedriver", executable: chromedriver, portCount: 1, directory: directory, timeout: 15,
+        arguments: { ports in ["--port=\(ports[0])", "--allowed-ips=127.0.0.1"] },
+        ready: { ports in
+          (try? WebDriver.call(port: ports[0], "GET", "/status"))?["value"]?["ready"]?.rawText == "true"
+        })
+    } catch {
+      try? FileManager.default.removeItem(at: directory)
+      throw error
     }
-    guard let (process, port) = started else {
-      throw Failure(description: "chromedriver did not start in 3 attempts; its log ended with: \(lastLog)")
-    }
-    self.process = process
-    self.port = port
     let capabilities = """
       {"capabilities":{"alwaysMatch":{"browserName":"chrome","goog:chromeOptions":{"binary":"\(chromium)",
       "args":["--headless=new","--no-sandbox","--disable-gpu","--disable-dev-shm-usage","--window-size=1200,800"]}}}}
@@ -88,10 +64,11 @@ final class WebDriver {
     sessionID = ""
     _ = try? run("/usr/bin/curl", ["-s", "--max-time", "2", "http://127.0.0.1:\(port)/shutdown"], timeout: 3)
     let deadline = MonotonicClock.seconds() + 3
-    while process.isRunning && MonotonicClock.seconds() < deadline { usleep(20_000) }
-    if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-    process.waitUntilExit()
+    while server.process.isRunning && MonotonicClock.seconds() < deadline { usleep(20_000) }
+    server.stop()
   }
+
+  deinit { try? FileManager.default.removeItem(at: directory) }
 
   private func call(_ method: String, _ path: String, body: String? = nil) throws -> RawJSON {
     try WebDriver.call(port: port, method, path, body: body)

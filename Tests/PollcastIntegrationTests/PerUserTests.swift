@@ -22,11 +22,7 @@ import Testing
         $0.answerDelay = 0.05
       }
     ).run { harness in
-      let options = { () -> LegacyFixture.Options in
-        var options = LegacyFixture.Options()
-        options.stallFraction = 0.5
-        return options
-      }()
+      let options = harness.fixture.options
       let users = (1000..<1006).map(String.init)
       let stalled = users.filter(options.stalls)
       let live = users.filter { !options.stalls($0) }

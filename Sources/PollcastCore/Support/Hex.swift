@@ -1,11 +1,14 @@
 import Foundation
 
+private let hexDigits = Array("0123456789abcdef".utf8)
+
 extension Sequence<UInt8> {
   /// Lowercase hex, two digits a byte (digests, stored secrets).
-  /// From a table, not `String(format:)`: Foundation's formatter cost ~1 µs a byte, and a per-user relay renders a
-  /// digest for every key of every active account on each key re-check pass (issue 23's profile).
+  /// From a table, not `String(format:)` (Foundation's formatter, once per byte): a per-user relay renders a key
+  /// digest for every stream that opens (`AccountHub.grant`) and for every key due on a re-check pass, and the
+  /// formatter showed in issue 23's profile.
   var lowercaseHex: String {
-    let digits = Array("0123456789abcdef".utf8)
+    let digits = hexDigits
     var text: [UInt8] = []
     text.reserveCapacity(underestimatedCount * 2)
     for byte in self {

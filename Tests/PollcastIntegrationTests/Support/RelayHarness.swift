@@ -96,7 +96,6 @@ func openDescriptorCount() -> Int {
   (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? -1
 }
 
-/// Resident memory of this process in bytes.
 /// The memory a leak check measures: under a sanitizer, the bytes its allocator holds for live allocations; in a plain
 /// build, the resident set. Not RSS under a sanitizer: ASan keeps freed blocks in a quarantine of up to 256 MB, so RSS
 /// grows as the quarantine fills (CI saw +7.2 MB over a loop that leaks nothing, and −234 MB on another run).
@@ -108,6 +107,7 @@ func liveMemory() -> (bytes: Int, measure: String) {
   return (residentBytes(), "RSS growth")
 }
 
+/// Resident memory of this process in bytes.
 func residentBytes() -> Int {
   guard let text = try? String(contentsOfFile: "/proc/self/statm", encoding: .utf8) else { return 0 }
   let fields = text.split(separator: " ")

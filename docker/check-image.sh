@@ -36,7 +36,7 @@ relay_args=(-d --name "$net-relay" --network "$net" -p 127.0.0.1::8080 -v "$net-
   -e POLLCAST_STORE_KIND=sqlite -e POLLCAST_STORE_PATH=/var/lib/pollcast/pollcast.db
   -e POLLCAST_SERVER_SHUTDOWN_DEADLINE_SECONDS=5)
 "$docker" run "${relay_args[@]}" pollcast:dev >/dev/null
-port() { "$docker" port "$net-relay" 8080/tcp | head -1 | sed 's/.*://'; }
+port() { "$docker" port "$net-relay" 8080/tcp | sed -n "1s/.*://p"; }
 wait_healthy() {
   for _ in $(seq 1 150); do
     if curl -fsS -o /dev/null "http://127.0.0.1:$(port)/readyz" 2>/dev/null; then return 0; fi

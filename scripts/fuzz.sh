@@ -14,8 +14,14 @@ out=.build/fuzz
 mkdir -p "$out"
 binary="$out/pollcast-fuzz"
 sources=$(find Sources/PollcastCore -name '*.swift' | sort)
-newest=$(ls -t $sources Fuzz/FuzzTargets.swift | head -1)
-if [ ! -x "$binary" ] || [ "$newest" -nt "$binary" ]; then
+# Rebuild when any source is newer than the binary. No `ls -t | head` here: under pipefail, head closing the pipe
+# while ls still writes (its listing is over one 4 KiB buffer) kills the script with SIGPIPE, exit 141, as CI did.
+stale=0
+[ -x "$binary" ] || stale=1
+for source in $sources Fuzz/FuzzTargets.swift; do
+  if [ "$source" -nt "$binary" ]; then stale=1; break; fi
+done
+if [ "$stale" = 1 ]; then
   echo "building $binary"
   # shellcheck disable=SC2086
   swiftc -sanitize=fuzzer,address -parse-as-library -swift-version 6 -module-name PollcastCore -O -g \

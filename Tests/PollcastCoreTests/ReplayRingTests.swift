@@ -81,6 +81,30 @@ import Testing
     #expect(ring[ring.position(after: 4995)].id == 4996)
   }
 
+  @Test func aTallyFollowsEveryChangeOfTheRingsThatCountTowardIt() {
+    let tally = RingByteTally()
+    var first = ReplayRing(limits: .init(maxEvents: 4, maxBytes: 1000, maxAge: 5), floorID: 0)
+    var second = ReplayRing(limits: .init(maxEvents: 100, maxBytes: 1000), floorID: 0)
+    first.append(entry(1, size: 7))
+    first.count(toward: tally)  // bytes held before joining count too
+    #expect(tally.bytes == 7)
+    second.count(toward: tally)
+    for id in UInt64(2)...6 { first.append(entry(id, time: 10)) }  // the count bound evicts 1 and 2
+    for id in UInt64(1)...5 { second.append(entry(id, stream: id % 2 == 0 ? "a" : "b", size: 3)) }
+    #expect(tally.bytes == first.byteCount + second.byteCount)
+    second.removeAll(stream: "a")
+    #expect(tally.bytes == first.byteCount + 9)
+    first.shrink(toBytes: 15)
+    #expect(tally.bytes == 10 + 9)
+    first.evictExpired(now: 100)
+    #expect(first.isEmpty)
+    #expect(tally.bytes == 9)
+    second.count(toward: nil)
+    #expect(tally.bytes == 0)
+    second.append(entry(9, size: 50))
+    #expect(tally.bytes == 0)
+  }
+
   @Test func removingAStreamDropsOnlyItsEvents() {
     var ring = ReplayRing(limits: .init(maxEvents: 100, maxBytes: 10_000), floorID: 0)
     ring.append(entry(1, stream: "a"))

@@ -39,7 +39,10 @@ extension AccountHub {
         slowConsumerDisconnects: final.slowConsumerDisconnects, agedOut: final.agedOut,
         heartbeatsSent: final.heartbeatsSent, bytesQueued: final.bytesQueued, ringEvicted: final.ringEvicted))
     account.graceTimer = nil
-    account.feed.assumeIsolated { $0.pause() }
+    account.feed.assumeIsolated { feed in
+      feed.pause()
+      feed.countRingBytes(toward: nil)
+    }
     upstream.store.drop(feed: account.feed.storeKey)
     accounts[account.key] = nil
     stats.retainedAccounts = accounts.count
@@ -49,14 +52,20 @@ extension AccountHub {
 
   /// Ages the rings of idle accounts (their feeds' timers are stopped) and evicts idle accounts, least recently
   /// used first, while the ring bytes over all accounts pass the bound.
+  ///
+  /// The total is the running tally, not a pass over every account: with every account active (the usual case)
+  /// a pass visits nothing (it visited 2,000 accounts every 2 s, 4.6 % of a per-user relay's CPU under load).
   func enforceBounds() {
-    var total = 0
-    for account in accounts.values {
-      total += account.feed.assumeIsolated { feed in
-        if !account.isActive { feed.evictExpired() }
-        return feed.ringBytes
+    if activeCount < accounts.count {
+      for account in accounts.values where !account.isActive {
+        account.feed.assumeIsolated { $0.evictExpired() }
       }
     }
+    var total = ringBytes.bytes
+    #if DEBUG
+      let scanned = accounts.values.reduce(0) { $0 + $1.feed.assumeIsolated { $0.ringBytes } }
+      assert(total == scanned, "ring byte tally \(total) != \(scanned) over the accounts' rings")
+    #endif
     stats.ringBytes = total
     guard total > settings.maxTotalRingBytes else { return }
     let idle = accounts.values.filter { !$0.isActive && $0.subscribers == 0 }.sorted { $0.lastUsed < $1.lastUsed }

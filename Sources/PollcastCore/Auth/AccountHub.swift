@@ -184,6 +184,8 @@ public actor AccountHub {
   var nextLabel = 1
   /// Highest id any evicted account's feed handed out: a new feed starts above it, so ids are never reused.
   var highWater: UInt64 = 0
+  /// The ring bytes of every kept account's feed, kept as the rings change (`enforceBounds` reads it).
+  let ringBytes = RingByteTally()
   var boundsTimer: LoopTimer?
   var recheckTimer: LoopTimer?
   /// Keys whose re-check is under way.
@@ -279,6 +281,7 @@ public actor AccountHub {
       }
       if label == nil { nextLabel += 1 }
       feed.assumeIsolated { feed in
+        feed.countRingBytes(toward: ringBytes)
         feed.observeSubscribers { [weak self, weak account] count in
           guard let account else { return }
           self?.assumeIsolated { $0.subscribersChanged(account, count) }

@@ -2,12 +2,17 @@ import CLibevent
 import Foundation
 import Synchronization
 
-/// One libevent base driven by one dedicated thread, exposed to Swift as a `SerialExecutor`.
+/// One libevent base driven by one dedicated thread, exposed to Swift as a `SerialExecutor` and a `TaskExecutor`.
 ///
 /// Every actor that owns relay state (`Feed`, `SSEServer`, the upstream worker) returns this loop as its
 /// `unownedExecutor`, so their code runs on the loop thread and the compiler checks the isolation. C callbacks
 /// arrive on the same thread and enter those actors with `assumeIsolated`.
-public final class EventLoop: SerialExecutor, @unchecked Sendable {
+///
+/// Tasks that live on the loop (the upstream worker's cycle, `execute`) prefer it as their task executor too: a
+/// continuation resumed by a curl callback would otherwise resume on the global pool (a thread wake) only to hop
+/// straight back to the loop (a second wake, through libevent's notify pipe). With the preference it is one job
+/// queued on the loop's own thread.
+public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable {
   /// The libevent base. Touch it only on the loop thread (or before `start()`).
   public let base: OpaquePointer
   private let pending = Locked<[UnownedJob]>([])
@@ -109,13 +114,18 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
     UnownedSerialExecutor(ordinary: self)
   }
 
+  public func asUnownedTaskExecutor() -> UnownedTaskExecutor {
+    UnownedTaskExecutor(ordinary: self)
+  }
+
   public func checkIsolated() {
     precondition(inLoopThread, "expected to run on the pollcast event loop thread")
   }
 
   /// Runs `body` on the loop thread, asynchronously.
   public func execute(_ body: @escaping @Sendable () -> Void) {
-    Task { await LoopRunner(loop: self).run(body) }
+    // Preferring the loop, the task starts there: no detour through the global pool.
+    Task(executorPreference: self) { await LoopRunner(loop: self).run(body) }
   }
 
   /// Runs `body` on the loop thread and returns its result.
@@ -140,8 +150,11 @@ public final class EventLoop: SerialExecutor, @unchecked Sendable {
         return taken
       }
       if batch.isEmpty { return }
+      // Every job runs isolated to the loop and with the loop as its task executor: a job of a task that prefers
+      // the loop then enters a loop actor without a switch, and its nonisolated code stays on this thread.
       let executor = asUnownedSerialExecutor()
-      for job in batch { job.runSynchronously(on: executor) }
+      let taskExecutor = asUnownedTaskExecutor()
+      for job in batch { job.runSynchronously(isolatedTo: executor, taskExecutor: taskExecutor) }
     }
   }
 }

@@ -84,7 +84,10 @@ extension Feed {
     to floor: UInt64, notice text: String = "events were trimmed before this node could follow them: reconnect"
   ) -> Int {
     guard floor > visibleHead else { return 0 }
+    let tally = ring.tally
+    ring.count(toward: nil)
     ring = ReplayRing(limits: settings.ring, floorID: floor)
+    ring.count(toward: tally)
     visibleHead = floor
     if ids.head < floor { ids = EventIDAllocator(startMicroseconds: 0, persistedAtLeast: floor) }
     let ending = subscribers

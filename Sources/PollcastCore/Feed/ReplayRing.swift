@@ -3,6 +3,13 @@
 /// Bounded by event count, by bytes and optionally by age; the oldest events go first. `floorID` remembers how
 /// far eviction has reached, so a resume from an evicted id is recognised as a gap rather than answered with
 /// whatever happens to be left.
+/// A running total of bytes held by many rings (per-user relaying's accounts), kept as the rings change, so the
+/// bound over all of them is checked without visiting every ring. Loop-confined, like the rings.
+public final class RingByteTally: @unchecked Sendable {
+  public internal(set) var bytes = 0
+  public init() {}
+}
+
 public struct ReplayRing {
   public struct Limits: Sendable, Equatable {
     public var maxEvents: Int
@@ -34,10 +41,20 @@ public struct ReplayRing {
   /// cannot be answered without a gap.
   public private(set) var floorID: UInt64
   public private(set) var evictedCount = 0
+  /// The total this ring's bytes count toward, if any: every change of `byteCount` is added to it.
+  public private(set) var tally: RingByteTally?
 
   public init(limits: Limits, floorID: UInt64) {
     self.limits = limits
     self.floorID = floorID
+  }
+
+  /// Counts this ring's bytes toward `tally` (nil: toward none), moving them out of the previous tally.
+  public mutating func count(toward tally: RingByteTally?) {
+    guard tally !== self.tally else { return }
+    self.tally?.bytes -= byteCount
+    tally?.bytes += byteCount
+    self.tally = tally
   }
 
   public var count: Int { entries.count - start }
@@ -55,6 +72,7 @@ public struct ReplayRing {
     precondition(newestID.map { entry.id > $0 } ?? true, "replay ring ids must increase")
     entries.append(entry)
     byteCount += entry.slice.count
+    tally?.bytes += entry.slice.count
     while count > limits.maxEvents || (byteCount > limits.maxBytes && count > 1) {
       evictOldest()
     }
@@ -101,6 +119,7 @@ public struct ReplayRing {
     }
     entries = kept
     start = 0
+    tally?.bytes += bytes - byteCount
     byteCount = bytes
     return before - count
   }
@@ -108,6 +127,7 @@ public struct ReplayRing {
   private mutating func evictOldest() {
     let oldest = entries[start]
     byteCount -= oldest.slice.count
+    tally?.bytes -= oldest.slice.count
     floorID = max(floorID, oldest.id)
     evictedCount += 1
     start += 1

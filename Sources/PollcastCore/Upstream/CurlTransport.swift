@@ -16,6 +16,16 @@ public final class CurlTransport: @unchecked Sendable {
   private var nextTransferID = 1
   private var sockets: [Int32: OpaquePointer] = [:]
   private var timer: LoopTimer?
+  /// Easy handles whose transfer ended, reset and kept for the next request: a new handle per poll (its
+  /// allocation, defaults and cleanup) was the largest libcurl item of a per-user relay's profile.
+  private var idleHandles: [UnsafeMutableRawPointer] = []
+  /// How many ended handles are kept; past that they are cleaned up. A burst of completions refills it, and each
+  /// kept handle holds no connection (those live in the multi's pool) and no request state (`curl_easy_reset`).
+  static let idleHandleLimit = 8
+  /// libcurl's receive buffer per easy handle (`CURLOPT_BUFFERSIZE`), nil for its default of 16 KiB. Each
+  /// handle keeps its buffer while it lives, and a per-user relay keeps a poll (a handle) in flight for every
+  /// active account: transports shared by accounts set a smaller one, since their answers are small.
+  public var receiveBufferBytes: Int?
   private static let globalInit: Void = { curl_global_init(Int(CURL_GLOBAL_DEFAULT)) }()
 
   /// Transfers currently in progress.
@@ -42,6 +52,7 @@ public final class CurlTransport: @unchecked Sendable {
 
   deinit {
     for id in Array(transfers.keys) { cancel(id) }
+    for easy in idleHandles { curl_easy_cleanup(easy) }
     curl_multi_cleanup(multi)
     for (_, event) in sockets { event_free(event) }
   }
@@ -55,19 +66,20 @@ public final class CurlTransport: @unchecked Sendable {
     loop.assertOnLoop()
     let id = nextTransferID
     nextTransferID += 1
-    guard let easy = curl_easy_init() else {
+    guard let easy = idleHandles.popLast() ?? curl_easy_init() else {
       completion(.failure(UpstreamError(.transport, "curl_easy_init failed")))
       return id
     }
     let transfer = Transfer(id: id, easy: easy, completion: completion, maxBody: maxBodyBytes)
     transfer.owner = owner
+    transfer.receiveBufferBytes = receiveBufferBytes
     do throws(UpstreamError) {
       try transfer.configure(request)
       transfers[id] = transfer
       try CurlCall.check(curl_multi_add_handle(multi, easy), "curl_multi_add_handle")
     } catch {
       transfers[id] = nil
-      transfer.cleanup()
+      recycle(transfer)
       completion(.failure(error))
     }
     return id
@@ -79,7 +91,20 @@ public final class CurlTransport: @unchecked Sendable {
     // Fails only for a handle that is not in this multi: a broken invariant, nothing to recover.
     let removed = curl_multi_remove_handle(multi, transfer.easy)
     assert(removed == CURLM_OK, "curl_multi_remove_handle: \(String(cString: curl_multi_strerror(removed)))")
-    transfer.cleanup()
+    recycle(transfer)
+  }
+
+  /// Ends `transfer`'s use of its easy handle (removed from the multi, or never added): the handle is reset and
+  /// kept for the next request, or cleaned up when enough are kept.
+  private func recycle(_ transfer: Transfer) {
+    transfer.releaseHeaders()
+    if idleHandles.count < Self.idleHandleLimit {
+      // Back to the defaults of a new handle: no URL, headers, body, method or private pointer survives.
+      curl_easy_reset(transfer.easy)
+      idleHandles.append(transfer.easy)
+    } else {
+      curl_easy_cleanup(transfer.easy)
+    }
   }
 
   /// Ends every transfer with `error` (the loop cannot watch their sockets, or libcurl's multi failed): the
@@ -194,7 +219,7 @@ public final class CurlTransport: @unchecked Sendable {
       }
       curl_multi_remove_handle(multi, easy)
       let outcome = transfer.outcome(result)
-      transfer.cleanup()
+      recycle(transfer)
       transfer.completion(outcome)
     }
   }
@@ -214,6 +239,7 @@ private final class Transfer {
   var requestBody: [CChar] = []
   let started = MonotonicClock.seconds()
   var timeout: Double = 0
+  var receiveBufferBytes: Int?
 
   init(
     id: Int, easy: UnsafeMutableRawPointer, completion: @escaping (Result<UpstreamResponse, UpstreamError>) -> Void,
@@ -237,6 +263,10 @@ private final class Transfer {
       pollcast_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, max(1, Int(request.connectTimeout * 1000))),
       "CURLOPT_CONNECTTIMEOUT_MS")
     try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1), "CURLOPT_TCP_KEEPALIVE")
+    if let receiveBufferBytes {
+      try CurlCall.check(
+        pollcast_easy_setopt_long(easy, CURLOPT_BUFFERSIZE, max(1024, receiveBufferBytes)), "CURLOPT_BUFFERSIZE")
+    }
     try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_SSL_VERIFYPEER, 1), "CURLOPT_SSL_VERIFYPEER")
     try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 2), "CURLOPT_SSL_VERIFYHOST")
     // Every encoding libcurl supports.
@@ -340,8 +370,8 @@ private final class Transfer {
     return fields
   }
 
-  func cleanup() {
-    curl_easy_cleanup(easy)
+  /// Frees the request's header list: called once the handle no longer uses it (removed, or never added).
+  func releaseHeaders() {
     if let headerList { curl_slist_free_all(headerList) }
     headerList = nil
   }

@@ -6,6 +6,8 @@ import Foundation
 /// accounts). Made on first use, handed out in turn. Loop-confined.
 final class TransportPool: @unchecked Sendable {  // loop-confined
   static let loopsPerTransport = 32
+  /// libcurl's receive buffer for these transports' handles (see `CurlTransport.receiveBufferBytes`).
+  static let receiveBufferBytes = 4096
 
   private let loop: EventLoop
   private let maxBodyBytes: Int
@@ -28,6 +30,8 @@ final class TransportPool: @unchecked Sendable {  // loop-confined
   private static func make(loop: EventLoop, maxBodyBytes: Int) throws(UpstreamError) -> CurlTransport {
     let transport = try CurlTransport(loop: loop)
     transport.maxBodyBytes = maxBodyBytes
+    // Every active account holds a handle in flight; its answers are one account's, small: 4 KiB, not 16.
+    transport.receiveBufferBytes = TransportPool.receiveBufferBytes
     return transport
   }
 

@@ -119,7 +119,8 @@ public actor UpstreamWorker {
   private func beginCycle() {
     generation += 1
     let current = generation
-    cycle = Task { await self.runCycle(current) }
+    // On the loop as its task executor: a poll's completion resumes the cycle on the loop thread directly.
+    cycle = Task(executorPreference: loop) { await self.runCycle(current) }
   }
 
   private func endCycle() {

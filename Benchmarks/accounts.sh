@@ -22,6 +22,9 @@ idle=${5:-60}
 store=${6:-memory}
 adapter=${7:-chat}
 hold=${HOLD:-25}
+# SUBSCRIBERS_PER_ACCOUNT (default 2): 1 lets more accounts fit under a file-descriptor limit (each account costs the
+# relay one upstream connection and one per subscriber; this machine's hard RLIMIT_NOFILE is 20,000 per process).
+per_account=${SUBSCRIBERS_PER_ACCOUNT:-2}
 read -r -a fixture_args <<<"${FIXTURE_ARGS:-}"
 if ! python3 -c "import sys; sys.exit(0 if float('$idle') > 2 * float('$hold') else 1)"; then
   echo "IDLE_SECONDS ($idle) must be longer than two poll holds (2 × $hold s): the idle figure would hold no re-poll" >&2
@@ -58,7 +61,7 @@ for run in $(seq 1 "$runs"); do
   done
   relay=$(head -1 "$work/relay.out" | sed 's/listening on //')
   taskset -c 1 "$bin/pollcast-bench" --target "http://$relay/events" --inject "fixture:http://$fixture" \
-    --accounts "$accounts" --subscribers $((accounts * 2)) --messages "$messages" --rate "$rate" \
+    --accounts "$accounts" --subscribers $((accounts * per_account)) --messages "$messages" --rate "$rate" \
     --idle-seconds "$idle" --connect-batch 200 --sources 16 --relay-pid "$pid" --label "accounts" >"$work/bench.out" 2>&1 || true
   grep -v '^SUMMARY' "$work/bench.out" | sed "s/^/run $run: /"
   if ! kill "$pid" 2>/dev/null; then echo "run $run: the relay died:"; tail -30 "$work/relay.err"; fi

@@ -277,3 +277,29 @@ import Testing
     #expect(off.delay(afterPollTaking: 0, brought: false, using: &random) == 0)
   }
 }
+
+@Suite struct TextReplacementTests {
+  @Test(arguments: [
+    ("a-secret-b-secret", "secret", "[x]", "a-[x]-b-[x]"),
+    ("aaaa", "aa", "b", "bb"),
+    ("nothing here", "secret", "[x]", "nothing here"),
+    ("short", "longer than the text", "[x]", "short"),
+    ("keep", "", "[x]", "keep"),
+    ("ключ ✓ ключ", "ключ", "k", "k ✓ k"),
+    ("{cursor}&{cursor}", "{cursor}", "7", "7&7"),
+  ])
+  func everyOccurrenceIsReplacedLeftToRight(text: String, target: String, replacement: String, expected: String) {
+    #expect(text.replacingEvery(target, with: replacement) == expected)
+  }
+
+  /// The recipe fuzzer's crash (CI, 2026-12-02): an answer snippet and a secret both holding NUL bytes made
+  /// Foundation's replacingOccurrences trap. Redaction is by bytes now, whatever the bytes are.
+  @Test func nulAndControlBytesOnEitherSideAreRedactedWithoutATrap() {
+    let secret = String(repeating: "\0", count: 35) + "tok\r\nX: 1" + String(repeating: " ", count: 20)
+    let body = "{\"errorCode\":401,\"id\0\0\0\":\"" + secret + "\"}" + String(repeating: "\0", count: 40)
+    let shown = UpstreamResponse.scrub(body, [secret])
+    #expect(!shown.contains("tok\r\nX"))
+    #expect(shown.contains("[redacted]"))
+    #expect(String(repeating: "\0", count: 64).replacingEvery("\0\0", with: "-") == String(repeating: "-", count: 32))
+  }
+}

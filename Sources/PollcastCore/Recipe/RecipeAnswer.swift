@@ -238,7 +238,7 @@ enum RecipeAnswer {
       return failure(.status(status), "poll answered \(status)", retry: retryDefault(status: status, context: context))
     }
     let actions = rule.actions
-    let reason = "recipe_\(rule.path.replacingOccurrences(of: "recipe.", with: ""))"
+    let reason = "recipe_\(rule.path.replacingEvery("recipe.", with: ""))"
     if actions.contains(.session) {
       var to: UInt64?
       var token: String?

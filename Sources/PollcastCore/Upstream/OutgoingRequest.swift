@@ -79,7 +79,7 @@ public enum OutgoingRequest {
         }
         placed = value
       }
-      text = text.replacingOccurrences(of: "{\(name)}", with: placed)
+      text = text.replacingEvery("{\(name)}", with: placed)
     }
     return text
   }

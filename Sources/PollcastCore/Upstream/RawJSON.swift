@@ -53,7 +53,7 @@ public struct RawJSON: Sendable {
     guard pointer.hasPrefix("/") else { return nil }
     var current = self
     for token in pointer.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
-      let key = token.replacingOccurrences(of: "~1", with: "/").replacingOccurrences(of: "~0", with: "~")
+      let key = String(token).replacingEvery("~1", with: "/").replacingEvery("~0", with: "~")
       switch current.value {
       case .object(let members):
         guard let member = members.last(where: { $0.key == key }) else { return nil }

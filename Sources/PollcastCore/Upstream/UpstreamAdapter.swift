@@ -199,8 +199,8 @@ extension UpstreamResponse {
   static func scrub(_ text: String, _ secrets: [String]) -> String {
     var shown = text
     for secret in secrets where !secret.isEmpty {
-      shown = shown.replacingOccurrences(of: secret, with: "[redacted]")
-      shown = shown.replacingOccurrences(of: encodeQueryValue(secret), with: "[redacted]")
+      shown = shown.replacingEvery(secret, with: "[redacted]")
+      shown = shown.replacingEvery(encodeQueryValue(secret), with: "[redacted]")
     }
     return shown
   }

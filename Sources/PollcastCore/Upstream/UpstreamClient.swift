@@ -36,8 +36,8 @@ public struct LoggingInterceptor: UpstreamInterceptor {
   private func shown(_ url: String, _ extra: [String] = []) -> String {
     var text = redactURL(url)
     for secret in secrets + extra where !secret.isEmpty {
-      text = text.replacingOccurrences(of: secret, with: "[redacted]")
-      text = text.replacingOccurrences(of: encodeQueryValue(secret), with: "[redacted]")
+      text = text.replacingEvery(secret, with: "[redacted]")
+      text = text.replacingEvery(encodeQueryValue(secret), with: "[redacted]")
     }
     return text
   }

@@ -166,7 +166,9 @@ import Testing
       print("huge answer: \(count) messages, slowest /healthz \(Int(worst * 1000)) ms")
       // A debug build on 2 noisy cores: one slice of 1,000 events is a few ms in release, ~20 ms in debug; the
       // whole answer in one turn (before) held the loop for over 2 s here.
-      #expect(worst < 1.0 * timingFactor, "a /healthz took \(worst) s while a huge answer was relayed")
+      // Bounded at 0.5 s: slices that ran back to back in one loop pass (a nextTurn that did not wait for I/O)
+      // measured 0.87 s here and 1.17 s in CI, and passed the old 1 s bound locally.
+      #expect(worst < 0.5 * timingFactor, "a /healthz took \(worst) s while a huge answer was relayed")
     }
   }
 

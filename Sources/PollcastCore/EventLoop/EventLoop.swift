@@ -192,7 +192,11 @@ extension EventLoop {
       let box = ContinuationBox(continuation)
       // Released by loopTurnCallback, which libevent calls exactly once (or here, when scheduling fails).
       let context = Unmanaged.passRetained(box).toOpaque()
-      var now = timeval(tv_sec: 0, tv_usec: 0)
+      // One microsecond, not zero: libevent activates a zero-timeout `event_base_once` at once, in the pass that is
+      // running, and with the loop as the task executor the resumed job then runs in that same pass too, so slices
+      // ran back to back with no I/O between them (HardeningTests saw a 1.2 s /healthz). A due timer fires only
+      // after the next poll for I/O, whose callbacks run first.
+      var now = timeval(tv_sec: 0, tv_usec: 1)
       do {
         try LibeventCall.check(
           event_base_once(base, -1, pollcast_EV_TIMEOUT, loopTurnCallback, context, &now), "event_base_once")

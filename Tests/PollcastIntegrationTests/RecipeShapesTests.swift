@@ -77,6 +77,9 @@ import Testing
     var node = try relay("consul.json", store: store, log: logs.files[0], environment: environment)
     try await waitReady(port: node.port, timeout: 10 * timingFactor)
     let client = try TestSSEClient(port: node.port)
+    // Subscribed before the write: a client that joins live after the state at index 2 was relayed never sees it
+    // (CI's ASan run on 4207737 saw nothing for 60 s). The preamble is written once the stream is attached.
+    try client.waitUntil(timeout: 10 * timingFactor, "the stream's preamble") { $0.bodyText.contains(": pollcast") }
     _ = await fixture.append(user: "101", texts: ["a", "b"])
     func states(_ client: TestSSEClient, atLeast count: Int) throws -> [(index: UInt64, keys: Int)] {
       let deadline = MonotonicClock.seconds() + 10 * timingFactor
@@ -101,8 +104,8 @@ import Testing
     _ = await fixture.append(user: "101", texts: ["c"])
     node = try relay("consul.json", store: store, log: logs.files[0], environment: environment)
     try await waitReady(port: node.port, timeout: 10 * timingFactor)
-    let resumed = try TestSSEClient(
-      port: node.port, headers: [("Last-Event-ID", client.events.last { $0.hadID }!.lastEventID)])
+    let lastRelayed = try #require(client.events.last { $0.hadID }, "no event with an id before the kill")
+    let resumed = try TestSSEClient(port: node.port, headers: [("Last-Event-ID", lastRelayed.lastEventID)])
     seen = try states(resumed, atLeast: 1)
     #expect(seen.map(\.index) == [3] && seen.first?.keys == 3, "\(seen)")
     // A snapshot restore: the index goes back to 1, then a write makes it 2, below the relay's cursor (3).

@@ -1,8 +1,3 @@
-/// The bounded history of relayed events, kept as their encoded SSE bytes, from which clients resume.
-///
-/// Bounded by event count, by bytes and optionally by age; the oldest events go first. `floorID` remembers how
-/// far eviction has reached, so a resume from an evicted id is recognised as a gap rather than answered with
-/// whatever happens to be left.
 /// A running total of bytes held by many rings (per-user relaying's accounts), kept as the rings change, so the
 /// bound over all of them is checked without visiting every ring. Loop-confined, like the rings.
 public final class RingByteTally: @unchecked Sendable {
@@ -10,6 +5,11 @@ public final class RingByteTally: @unchecked Sendable {
   public init() {}
 }
 
+/// The bounded history of relayed events, kept as their encoded SSE bytes, from which clients resume.
+///
+/// Bounded by event count, by bytes and optionally by age; the oldest events go first. `floorID` remembers how
+/// far eviction has reached, so a resume from an evicted id is recognised as a gap rather than answered with
+/// whatever happens to be left.
 public struct ReplayRing {
   public struct Limits: Sendable, Equatable {
     public var maxEvents: Int

@@ -34,12 +34,7 @@ public struct LoggingInterceptor: UpstreamInterceptor {
   }
 
   private func shown(_ url: String, _ extra: [String] = []) -> String {
-    var text = redactURL(url)
-    for secret in secrets + extra where !secret.isEmpty {
-      text = text.replacingEvery(secret, with: "[redacted]")
-      text = text.replacingEvery(encodeQueryValue(secret), with: "[redacted]")
-    }
-    return text
+    UpstreamResponse.scrub(redactURL(url), secrets + extra)
   }
 
   public func prepare(_ request: inout UpstreamRequest) {

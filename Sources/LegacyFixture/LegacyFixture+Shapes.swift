@@ -18,7 +18,14 @@ import PollcastCore
 ///   "ts"}}` (`{"error":{…}}` with 200 for a wrong token); `GET /lp/vk?act=a_check&key=K&ts=T&wait=W` →
 ///   `{"ts":"…","updates":[{"type":"message_new","event_id":…,"object":{…}}]}`, or in a 200 body `{"failed":1,"ts"}`
 ///   (history lost: go on from `ts`), `{"failed":2}` (key expired), `{"failed":3}` (all lost: new key and ts).
-public enum APIShape: String, Sendable, Equatable, CaseIterable { case telegram, consul, couchdb, vk }
+/// - `zulip`: Zulip's real-time events. `POST /api/v1/register` (HTTP Basic `email:api_key`, form `event_types`) →
+///   `{"result":"success","queue_id":"…","last_event_id":-1,…}`; `GET /api/v1/events?queue_id=Q&last_event_id=L`
+///   → `{"result":"success","events":[{"type":"message","id":…,"message":{…}}]}`, held until news or the hold
+///   passes, then answered with a `heartbeat` event, which has an id too. Event ids are the queue's own, signed
+///   (-1 before the first), increasing and not consecutive: message k of the queue is `1000·k`, heartbeats take
+///   the ids between. `zulipExpireQueue()` garbage-collects the queue: its polls get HTTP 400
+///   `{"result":"error","code":"BAD_EVENT_QUEUE_ID",…}` and what happens before the next register is lost.
+public enum APIShape: String, Sendable, Equatable, CaseIterable { case telegram, consul, couchdb, vk, zulip }
 
 /// A one-off answer for the next poll of a shape (rate limits, server errors), sent instead of a real one.
 public struct CannedAnswer: Sendable {
@@ -50,6 +57,14 @@ extension LegacyFixture {
     }
     if path == "/lp/vk" {
       vkPoll(request, parameters: parameters)
+      return true
+    }
+    if path == "/api/v1/register" {
+      zulipRegister(request)
+      return true
+    }
+    if path == "/api/v1/events" {
+      zulipPoll(request, parameters: parameters)
       return true
     }
     if path.hasSuffix("/_changes") && path.split(separator: "/").count == 2 {
@@ -174,6 +189,80 @@ extension LegacyFixture {
     for poll in pending.values where poll.kind == .shape(.vk) { finish(poll) { self.json($0, #"{"failed":3}"#) } }
   }
 
+  /// Zulip's HTTP Basic check: any email, the fixture's API key as the password.
+  private func zulipAuthorized(_ request: HTTPRequest) -> Bool {
+    guard let header = request.header("Authorization"), header.hasPrefix("Basic "),
+      let decoded = Data(base64Encoded: String(header.dropFirst(6))).map({ String(decoding: $0, as: UTF8.self) }),
+      let colon = decoded.firstIndex(of: ":")
+    else { return false }
+    return decoded[decoded.index(after: colon)...] == options.apiKey
+  }
+
+  private func zulipRegister(_ request: HTTPRequest) {
+    guard zulipAuthorized(request) else {
+      stats.unauthorized += 1
+      json(request, #"{"result":"error","msg":"Invalid API key","code":"INVALID_API_KEY"}"#, status: 401)
+      return
+    }
+    guard request.method == .post, request.bodyText.contains("event_types=") else {
+      json(request, #"{"result":"error","msg":"Missing 'event_types' argument","code":"BAD_REQUEST"}"#, status: 400)
+      return
+    }
+    stats.sessions += 1
+    zulip.generation += 1
+    zulip.base = store.lastID(options.userID)
+    zulip.heartbeats = 0
+    json(
+      request,
+      JSONText.object([
+        "result": JSONText.quoted("success"), "msg": JSONText.quoted(""),
+        "queue_id": JSONText.quoted(zulipQueueID), "last_event_id": "-1",
+        "event_queue_longpoll_timeout_seconds": "90", "zulip_feature_level": "300",
+      ]))
+  }
+
+  var zulipQueueID: String { "1517975029:\(zulip.generation)" }
+
+  private func zulipPoll(_ request: HTTPRequest, parameters: [String: String]) {
+    guard zulipAuthorized(request) else {
+      stats.unauthorized += 1
+      json(request, #"{"result":"error","msg":"Invalid API key","code":"INVALID_API_KEY"}"#, status: 401)
+      return
+    }
+    if sendCanned(request) { return }
+    guard zulip.generation > 0, parameters["queue_id"] == zulipQueueID else {
+      stats.polls += 1
+      json(request, zulipBadQueue(parameters["queue_id"] ?? ""), status: 400)
+      return
+    }
+    guard let last = Int64(parameters["last_event_id"] ?? ""), last >= -1 else {
+      json(request, #"{"result":"error","msg":"Invalid 'last_event_id'","code":"BAD_REQUEST"}"#, status: 400)
+      return
+    }
+    // Event 1000·k is the queue's message k: the poll wants the messages after the last one at or below `last`.
+    let cursor = zulip.base + (last < 0 ? 0 : UInt64(last / 1000))
+    park(
+      request, kind: .shape(.zulip), token: "zulip", cursors: [(options.userID, cursor)],
+      timeout: min(90, options.maxPollTimeout), user: options.userID)
+  }
+
+  private func zulipBadQueue(_ queue: String) -> String {
+    JSONText.object([
+      "result": JSONText.quoted("error"), "msg": JSONText.quoted("Bad event queue ID: \(queue)"),
+      "queue_id": JSONText.quoted(queue), "code": JSONText.quoted("BAD_EVENT_QUEUE_ID"),
+    ])
+  }
+
+  /// Zulip garbage-collects the queue (about 10 minutes without a poll on a real server): held polls and later
+  /// ones get `BAD_EVENT_QUEUE_ID` until a new register, which starts after whatever was sent meanwhile.
+  public func zulipExpireQueue() {
+    let queue = zulipQueueID
+    zulip.generation += 1
+    for poll in pending.values where poll.kind == .shape(.zulip) {
+      finish(poll) { self.json($0, self.zulipBadQueue(queue), status: 400) }
+    }
+  }
+
   /// CouchDB 2.x's sequence text for change `n`: the number, a dash, and an opaque blob.
   public static func couchSeq(_ n: UInt64) -> String {
     "\(n)-g1AAAA" + Data("pollcast-fixture-\(n)".utf8).base64EncodedString().replacingOccurrences(of: "=", with: "")
@@ -246,12 +335,32 @@ extension LegacyFixture {
       }
       let last = max(cursor, messages.map(\.id).max() ?? 0)
       return JSONText.object(["ts": JSONText.quoted(String(last)), "updates": "[\(updates.joined(separator: ","))]"])
+    case .zulip:
+      var events = messages.map { message in
+        JSONText.object([
+          "type": JSONText.quoted("message"),
+          "id": String(message.id > zulip.base ? (message.id - zulip.base) * 1000 : 0),
+          "message": message.json, "flags": "[]",
+        ])
+      }
+      if !events.isEmpty {
+        zulip.heartbeats = 0
+      } else {
+        // The hold passed: a heartbeat, with the next id between the last message's and the next one's.
+        zulip.heartbeats = min(999, zulip.heartbeats + 1)
+        let id = (cursor - zulip.base) * 1000 + zulip.heartbeats
+        events = [JSONText.object(["type": JSONText.quoted("heartbeat"), "id": String(id)])]
+      }
+      return JSONText.object([
+        "result": JSONText.quoted("success"), "msg": JSONText.quoted(""),
+        "events": "[\(events.joined(separator: ","))]", "queue_id": JSONText.quoted(zulipQueueID),
+      ])
     }
   }
 
   func respondShape(_ shape: APIShape, _ request: HTTPRequest, body: String) {
     switch shape {
-    case .telegram, .couchdb, .vk:
+    case .telegram, .couchdb, .vk, .zulip:
       json(request, body)
     case .consul:
       let index = max(1, store.lastID(options.userID))

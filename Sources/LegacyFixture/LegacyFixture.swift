@@ -86,6 +86,9 @@ public actor LegacyFixture {
   var cannedAnswers: [CannedAnswer] = []
   /// The VK shape's key generation and one-off losses.
   var vk = VKState()
+  /// The Zulip shape's event queue: its generation (0: none registered yet), the message id it started after,
+  /// and the heartbeats sent since its last message.
+  var zulip = (generation: 0, base: UInt64(0), heartbeats: UInt64(0))
   struct VKState {
     var keyGeneration = 1
     var historyLost = false

@@ -135,6 +135,29 @@ import Testing
     #expect(again.fresh.map(\.message.id) == [5] && again.duplicates == 1, "a key stored lately is a redelivery")
   }
 
+  @Test func aResetForgetsTheOldNumberingsDedupeKeys() {
+    var book = CursorBook()
+    _ = book.apply(UpstreamPreparation(streams: ["q"], lastIDs: nil), startFrom: .latest)
+    func keyed(_ id: UInt64, _ key: String) -> UpstreamMessage {
+      var message = UpstreamMessage(id: id, raw: "{}")
+      message.dedupeKey = key
+      return message
+    }
+    let first = book.plan(UpstreamPollAnswer(batches: [("q", [keyed(1, "1000"), keyed(2, "2000")])]))
+    book.forgetKeys(resetIn: first)
+    book.stored(first.fresh[...])
+    // A new queue numbers its events from 1000 again: after its reset, they are news, not redeliveries.
+    var renumbered = UpstreamPollAnswer(batches: [("q", [keyed(3, "1000")])])
+    renumbered.resets = [UpstreamCursorReset(stream: "q", to: 2, gap: true, reason: "recipe_rules_0")]
+    let plan = book.plan(renumbered)
+    #expect(plan.fresh.map(\.message.id) == [3] && plan.duplicates == 0)
+    book.forgetKeys(resetIn: plan)
+    book.stored(plan.fresh[...])
+    // Without a reset, the new numbering's keys dedupe again.
+    let again = book.plan(UpstreamPollAnswer(batches: [("q", [keyed(4, "1000"), keyed(5, "2000")])]))
+    #expect(again.fresh.map(\.message.id) == [5] && again.duplicates == 1, "2000 is not a key of the new queue yet")
+  }
+
   @Test func aResetJudgesTheSameAnswersEventsFromTheResetPoint() {
     var book = CursorBook()
     _ = book.apply(UpstreamPreparation(streams: ["kv"], lastIDs: nil, initialCursors: ["kv": 0]), startFrom: .latest)

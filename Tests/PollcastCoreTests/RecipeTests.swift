@@ -51,7 +51,8 @@ import Testing
     let telegram = try recipe(RecipeTests.telegram)
     #expect(telegram.vars["base"]?.text == "http://127.0.0.1:9", "vars read the environment at load")
     #expect(telegram.name == "recipe" && telegram.stream == "default")
-    for file in ["etcd-v2.json", "telegram.json", "consul.json", "couchdb.json", "nchan.json", "vk.json"] {
+    for file in ["etcd-v2.json", "telegram.json", "consul.json", "couchdb.json", "nchan.json", "vk.json", "zulip.json"]
+    {
       let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent(
         "../../Config/recipes/\(file)"
       ).path
@@ -62,7 +63,7 @@ import Testing
       let environment = [
         "ETCD_URL": "http://127.0.0.1:2379", "TELEGRAM_API": "http://127.0.0.1:1", "TELEGRAM_TOKEN": "123:abc",
         "CONSUL_URL": "http://127.0.0.1:8500", "CONSUL_TOKEN": "t0ken-1", "ZULIP_URL": "http://127.0.0.1:1",
-        "VK_GROUP": "1", "VK_TOKEN": "vk-token",
+        "VK_GROUP": "1", "VK_TOKEN": "vk-token", "ZULIP_BASIC": "Ym90OmtleQ==",
       ]
       let parsed = Recipe.parse(
         String(decoding: data, as: UTF8.self), context: Recipe.Context(environment: environment, hasCredential: false))
@@ -93,6 +94,34 @@ import Testing
     ]
     for text in expected {
       #expect(found.contains { $0.hasPrefix(text) }, "missing: \(text)\nin: \(found.joined(separator: "\n"))")
+    }
+  }
+
+  @Test func aCursorBoundToItsSessionKeepsEverySessionValueThePollUses() {
+    let found = problems(
+      """
+      {"session":[{"url":"http://h/register","extract":{"queue":{"body":"/q"},"key":{"body":"/k"},"last":{"body":"/l"}}}],
+       "poll":{"url":"http://h/events","query":{"queue_id":"{queue}","key":"{key}","last":"{cursor}"},
+         "events":{"pointer":"/events","id":{"event":"/id"}}},
+       "cursor":{"type":"opaque","value":{"event":"/id"},"initial":{"from":"session","name":"last"},
+         "session":["queue","nope"]}}
+      """)
+    #expect(found.contains { $0.hasPrefix("recipe.poll.query.key: {key} is a session value the cursor does not keep") })
+    #expect(found.contains { $0.hasPrefix("recipe.cursor.session[1]: session value \"nope\" is not extracted") })
+    #expect(!found.contains { $0.contains("{queue}") }, "\(found)")
+    let integer = problems(
+      """
+      {"poll":{"url":"http://h/p","events":{"pointer":"/e","id":{"event":"/id"}}},"cursor":{"session":["q"]}}
+      """)
+    #expect(integer.contains { $0.hasPrefix("recipe.cursor.session: only for an opaque cursor") })
+  }
+
+  @Test func aBoundCursorCarriesItsSessionAndAnyOtherTextIsNot() {
+    let bound = RecipeAdapter.bind("2003", session: ["queue_id": "1517975029:1"])
+    #expect(RecipeAdapter.unbind(bound)?.cursor == "2003")
+    #expect(RecipeAdapter.unbind(bound)?.session == ["queue_id": "1517975029:1"])
+    for other in ["2003", "-1", #"{"etag":"1","lm":"x"}"#, #"{"cursor":"1","session":{"q":2}}"#, "{", ""] {
+      #expect(RecipeAdapter.unbind(other) == nil, "\(other)")
     }
   }
 

@@ -300,3 +300,72 @@ extension RecipeShapesTests {
     await fixture.shutdown()
   }
 }
+
+extension RecipeShapesTests {
+  /// The fixture message ids (`message.message.id`) of the Zulip events a client received.
+  static func zulipMessages(_ client: TestSSEClient) -> [UInt64] {
+    client.events.filter { $0.type == "message" }.compactMap {
+      (try? RawJSON.parse($0.data))?.resolve(pointer: "/message/message/id")?.unsignedID
+    }
+  }
+
+  /// Zulip: a register step (POST form, HTTP Basic) returns the queue and `last_event_id` -1, a signed cursor the
+  /// recipe keeps as opaque text; heartbeats carry ids, move the cursor and are not relayed; the cursor survives a
+  /// `kill -9` in SQLite; `BAD_EVENT_QUEUE_ID` registers a new queue, whose ids start again at the old queue's
+  /// first, with a gap that clients are told about, and nothing of the new queue is dropped as a redelivery.
+  @Test func zulipSkipsHeartbeatsResumesAndRegistersAgainAfterBadEventQueueID() async throws {
+    var options = LegacyFixture.Options()
+    options.maxPollTimeout = 0.5  // a heartbeat every half second
+    let fixture = try await LegacyFixture.start(options)
+    let logs = try NodeLogs("pollcast-zulip", nodes: 1)
+    defer { logs.remove() }
+    let store = logs.directory.appendingPathComponent("relay.db").path
+    let basic = Data("bot@example.com:\(fixture.options.apiKey)".utf8).base64EncodedString()
+    let environment = ["ZULIP_URL": "http://\(fixture.address)", "ZULIP_BASIC": basic]
+    var node = try relay(
+      "zulip.json", store: store, log: logs.files[0], environment: environment, extra: ["--log-level", "trace"])
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    var client = try TestSSEClient(port: node.port)
+    func collect(_ client: TestSSEClient, count: Int) -> [UInt64] {
+      let deadline = MonotonicClock.seconds() + 10 * timingFactor
+      while RecipeShapesTests.zulipMessages(client).count < count && MonotonicClock.seconds() < deadline {
+        _ = try? client.pump(timeout: 0.05)
+      }
+      return RecipeShapesTests.zulipMessages(client)
+    }
+    // Heartbeats only, for a while: nothing is relayed.
+    try await Task.sleep(for: .milliseconds(Int(1600 * timingFactor)))
+    _ = try? client.pump(timeout: 0.1)
+    #expect(RecipeShapesTests.zulipMessages(client).isEmpty)
+    var expected = await fixture.append(user: "101", texts: ["one", "two"])
+    #expect(collect(client, count: 2) == expected)
+    // More heartbeats, then a kill: the cursor (a heartbeat's id) is stored, and what came meanwhile is relayed
+    // once from it, in the same queue.
+    try await Task.sleep(for: .milliseconds(Int(1200 * timingFactor)))
+    let lastID = client.events.last { $0.hadID && $0.type == "message" }?.lastEventID
+    node.kill9()
+    expected += await fixture.append(user: "101", texts: ["while down"])
+    node = try relay("zulip.json", store: store, log: logs.files[0], environment: environment)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    client = try TestSSEClient(port: node.port, headers: lastID.map { [("Last-Event-ID", $0)] } ?? [])
+    #expect(collect(client, count: 1) == Array(expected.suffix(1)))
+    let sessionsBefore = await fixture.statistics().sessions
+    #expect(sessionsBefore == 1, "the stored queue and cursor are polled on, no new register")
+    // The queue is garbage-collected: a new register, a gap, and the new queue's events (ids from 1000 again).
+    await fixture.zulipExpireQueue()
+    try await Task.sleep(for: .milliseconds(Int(800 * timingFactor)))
+    let later = await fixture.append(user: "101", texts: ["new queue 1", "new queue 2"])
+    #expect(collect(client, count: 3) == Array(expected.suffix(1)) + later)
+    #expect(client.events.contains { $0.type == "upstream" && $0.data.contains("\"resync\"") })
+    let ids = client.events.filter { $0.type == "message" }.compactMap {
+      (try? RawJSON.parse($0.data))?.resolve(pointer: "/upstream_id")?.stringValue
+    }
+    #expect(ids.suffix(2) == ["1000", "2000"], "the new queue's own ids: \(ids)")
+    #expect(await fixture.statistics().sessions == 2)
+    let log = (try? String(contentsOf: logs.files[0], encoding: .utf8)) ?? ""
+    #expect(log.contains("upstream request"), "traced")
+    #expect(!log.contains(basic) && !log.contains("1517975029:"), "\(log.suffix(2000))")
+    node.kill9()
+    await fixture.shutdown()
+  }
+}

@@ -241,6 +241,19 @@ struct RecipeReader {
       }
     }
     for (path, template) in recipe.poll.templates("recipe.poll") { check(path, template, cursor: true, reader: &found) }
+    for (index, name) in recipe.cursor.session.enumerated() where !recipe.sessionNames.contains(name) {
+      found.append("recipe.cursor.session[\(index)]: session value \"\(name)\" is not extracted by any session step")
+    }
+    if !recipe.cursor.session.isEmpty {
+      // A relay restarted with a stored cursor polls with the session values kept with it, and no others.
+      for (path, template) in recipe.poll.templates("recipe.poll") {
+        for case .name(let name) in template.placeholders
+        where recipe.sessionNames.contains(name) && !recipe.cursor.session.contains(name) {
+          found.append(
+            "\(path): {\(name)} is a session value the cursor does not keep (add it to recipe.cursor.session)")
+        }
+      }
+    }
     if case .session(let name) = recipe.cursor.initial?.origin, !recipe.sessionNames.contains(name) {
       found.append("recipe.cursor.initial.name: session value \"\(name)\" is not extracted by any session step")
     }

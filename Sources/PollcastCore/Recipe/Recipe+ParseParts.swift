@@ -100,7 +100,8 @@ extension RecipeReader {
     guard let value else { return Recipe.Cursor() }
     guard
       let members = object(
-        value, "recipe.cursor", keys: ["type", "scope", "initial", "index", "backwards", "value", "dedupe"])
+        value, "recipe.cursor",
+        keys: ["type", "scope", "initial", "index", "backwards", "value", "dedupe", "session"])
     else { return nil }
     var cursor = Recipe.Cursor()
     if let type = string(members["type"], "recipe.cursor.type") {
@@ -134,11 +135,11 @@ extension RecipeReader {
       }
       for (part, source) in cursor.value {
         switch source.origin {
-        case .body, .header: break
+        case .body, .header, .event: break
         default:
           problem(
             "recipe.cursor.value" + (part.map { ".\($0)" } ?? ""),
-            "the next cursor comes from the answer's body or a header")
+            "the next cursor comes from the answer's body, a header, or its last event (event)")
         }
       }
     } else if cursor.opaque {
@@ -178,6 +179,16 @@ extension RecipeReader {
       }
       if cursor.value.contains(where: { $0.part != nil }) {
         problem("recipe.cursor.initial", "a cursor in parts starts empty (its first poll sends none)")
+      }
+    }
+    if let sessionValue = members["session"] {
+      if !cursor.opaque { problem("recipe.cursor.session", "only for an opaque cursor") }
+      if case .array(let items) = sessionValue, !items.isEmpty {
+        for (index, item) in items.enumerated() {
+          if let name = string(item, "recipe.cursor.session[\(index)]") { cursor.session.append(name) }
+        }
+      } else {
+        problem("recipe.cursor.session", "expected a non-empty array of session value names")
       }
     }
     if let indexValue = members["index"] {

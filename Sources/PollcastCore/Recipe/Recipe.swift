@@ -99,6 +99,11 @@ public struct Recipe: Sendable {
     /// The answer's own index (Consul's `X-Consul-Index`): one below the cursor means the API's numbering went
     /// backwards (a restored server), and the cursor follows it with a gap.
     public var index: Source?
+    /// Opaque: the session values the cursor belongs to (Zulip's `queue_id`: its event ids mean something only in
+    /// that queue). They are stored with the cursor, so a restarted relay polls on in the same session instead of
+    /// starting one (which would lose what came meanwhile), and a new session's cursor starts from `initial`, with
+    /// a gap, when no rule reset it.
+    public var session: [String] = []
 
     public init() {}
   }

@@ -17,6 +17,9 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   private var pendingReset: (to: UInt64?, token: String?, gap: Bool, reason: String)?
   /// An opaque cursor's first text (`cursor.initial`), until the API gives one.
   private var initialToken: String?
+  /// The session was taken up from a stored cursor (`cursor.session`), not started: `prepare` has no initial
+  /// cursor to read, and needs none.
+  private var sessionRestored = false
 
   /// The rule that decided the last answer (nil: a default), for `recipe check` and logs.
   public private(set) var lastRule: String?
@@ -41,6 +44,38 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   public func invalidateSession() {
     if !recipe.session.isEmpty { sessionValues = nil }
     baseScope = nil
+    sessionRestored = false
+  }
+
+  // MARK: Cursors bound to their session
+
+  /// `cursor.session`'s values of the current session.
+  private var boundSession: [String: String] {
+    var bound: [String: String] = [:]
+    for name in recipe.cursor.session { bound[name] = sessionValues?[name]?.text }
+    return bound
+  }
+
+  /// The stored form of an opaque cursor that belongs to its session: `{"cursor": API text, "session": {…}}`.
+  static func bind(_ token: String, session: [String: String]) -> String {
+    JSONText.object([
+      ("cursor", JSONText.quoted(token)),
+      ("session", JSONText.object(session.keys.sorted().map { ($0, JSONText.quoted(session[$0]!)) })),
+    ])
+  }
+
+  /// The API text and session values of a stored cursor from `bind`; nil for any other text (a cursor stored
+  /// before the recipe bound it to its session).
+  static func unbind(_ token: String) -> (cursor: String, session: [String: String])? {
+    guard token.hasPrefix("{"), let json = try? RawJSON.parse(token), let cursor = json["cursor"]?.stringValue,
+      case .object(let members)? = json["session"]?.value
+    else { return nil }
+    var session: [String: String] = [:]
+    for (name, value) in members {
+      guard let text = value.stringValue else { return nil }
+      session[name] = text
+    }
+    return (cursor, session)
   }
 
   /// The scope without a cursor, built once per session (a poll only adds its cursor): a poll cycle allocates
@@ -76,12 +111,23 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     return UpstreamIdentity(user: id, streams: [recipe.stream])
   }
 
+  public func restore(tokens: [String: String]) {
+    guard !recipe.cursor.session.isEmpty, sessionValues == nil, let token = tokens[recipe.stream],
+      let bound = RecipeAdapter.unbind(token), recipe.cursor.session.allSatisfy({ bound.session[$0] != nil })
+    else { return }
+    sessionValues = bound.session.mapValues { RecipeValue(text: $0) }
+    baseScope = nil
+    sessionRestored = true
+  }
+
   public func prepare(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> UpstreamPreparation
   {
     if sessionValues == nil { try await runSession(client) }
     var initial: [String: UInt64] = [:]
-    if let source = recipe.cursor.initial {
+    if sessionRestored {
+      sessionRestored = false
+    } else if let source = recipe.cursor.initial {
       let context = RecipeAnswer.Context(scope: scope())
       if recipe.cursor.opaque {
         guard let text = RecipeAnswer.value(source, context)?.text else {
@@ -149,11 +195,24 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       reset = UpstreamCursorReset(stream: recipe.stream, to: to, gap: pending.gap, reason: pending.reason)
       resetToken = pending.token
     }
+    var stored = tokens[recipe.stream]
+    if !recipe.cursor.session.isEmpty, let token = stored, let bound = RecipeAdapter.unbind(token) {
+      if bound.session == boundSession {
+        stored = bound.cursor
+      } else if reset == nil {
+        // A new session the rules did not reset the cursor for (a 401, say): the stored cursor counts in the old
+        // one, so the new one starts from its own first cursor, and clients are told what may be lost between.
+        stored = nil
+        reset = UpstreamCursorReset(
+          stream: recipe.stream, to: cursors[recipe.stream] ?? 0, gap: true, reason: "recipe_session_changed")
+        resetToken = initialToken
+      }
+    }
     let cursor = reset?.to ?? cursors[recipe.stream] ?? 0
     var current = scope(cursor: cursor)
     if recipe.cursor.opaque {
       current.opaque = true
-      current.token = resetToken ?? tokens[recipe.stream] ?? initialToken
+      current.token = resetToken ?? stored ?? initialToken
     }
     let request = try RecipeRequest.build(
       recipe.poll, current, recipe: recipe, timeout: min(recipe.poll.timeout ?? pollTimeout, timeoutCap ?? .infinity),
@@ -175,6 +234,9 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
         if let resetToken, answer.tokens[recipe.stream] == nil { answer.tokens[recipe.stream] = resetToken }
       }
       if recipe.cursor.opaque { number(&answer, keys: verdict.keys, after: cursor) }
+      if !recipe.cursor.session.isEmpty, let token = answer.tokens[recipe.stream] {
+        answer.tokens[recipe.stream] = RecipeAdapter.bind(token, session: boundSession)
+      }
       return answer
     case .session(let reset):
       if let reset { pendingReset = (reset.to, reset.token, reset.gap, reset.reason) }

@@ -347,7 +347,11 @@ enum RecipeAnswer {
     }
     let opaque = recipe.cursor.opaque
     // An id template of an opaque recipe reads the cursor this answer moves to (nchan: Last-Modified:Etag).
-    let token = opaque ? nextToken(recipe.cursor, context) : nil
+    // A cursor read from an event is the answer's last event's, skipped ones included (Zulip: the last id seen,
+    // heartbeats too); an answer with no event leaves it where it is.
+    var tokenContext = context
+    tokenContext.event = elements.last
+    let token = opaque ? nextToken(recipe.cursor, tokenContext) : nil
     var context = context
     if let token { context.scope.token = token }
     var answer = UpstreamPollAnswer(batches: [])

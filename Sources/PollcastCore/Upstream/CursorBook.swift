@@ -159,7 +159,10 @@ struct CursorBook: Sendable {
         let message = sorted[index]
         if let key = message.dedupeKey {
           // Delivered again (lately, or twice in this answer): relayed once already.
-          if recentKeys[batch.stream]?.contains(key) == true || !keysInAnswer.insert(key).inserted { continue }
+          // After a reset, the keys stored before it belong to the old numbering (see `forgetKeys`).
+          if (reset == nil && recentKeys[batch.stream]?.contains(key) == true) || !keysInAnswer.insert(key).inserted {
+            continue
+          }
         }
         plan.fresh.append((batch.stream, message))
         kept += 1
@@ -187,6 +190,13 @@ struct CursorBook: Sendable {
       recent[stream, default: RecentIDs()].insert(message.id)
       if let key = message.dedupeKey { recentKeys[stream, default: RecentKeys(capacity: window)].insert(key) }
     }
+  }
+
+  /// A stream the API reset numbers its events anew: the dedupe keys stored under the old numbering are forgotten,
+  /// or a new numbering that reuses them (Zulip's event ids restart in a new queue) would lose its first events as
+  /// redeliveries. Call once `plan` is made, before its messages are stored.
+  mutating func forgetKeys(resetIn plan: Plan) {
+    for reset in plan.resets { recentKeys[reset.stream] = nil }
   }
 
   /// The cursors once every fresh message of `plan` is stored: past the skipped ids, and to the rewinds' targets.

@@ -109,6 +109,9 @@ public protocol UpstreamAdapter: AnyObject, Sendable {
   ) async throws(UpstreamError) -> UpstreamPollAnswer
   /// Forgets the session (after a 401), so the next `prepare` starts a new one.
   func invalidateSession()
+  /// Before the first `prepare` of a worker restored from a stored position: the opaque cursors it polls on from.
+  /// An adapter whose cursors carry their session (`Recipe.Cursor.session`) takes it up again from them.
+  func restore(tokens: [String: String])
   /// Whether `prepare` reads the server's newest ids (a resync is worth a call).
   var canSync: Bool { get }
   /// Per-user relaying: whose account the adapter's credential opens. An API with a session step creates the
@@ -127,6 +130,8 @@ public struct UpstreamIdentity: Sendable, Equatable {
 }
 
 extension UpstreamAdapter {
+  public func restore(tokens: [String: String]) {}
+
   // No default for `isolation` here: a call without it would bind statically to this and skip the adapter's own.
   public func identify(_ client: UpstreamClient, isolation: isolated (any Actor)?)
     async throws(UpstreamError) -> UpstreamIdentity?

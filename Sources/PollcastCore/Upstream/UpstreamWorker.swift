@@ -88,6 +88,7 @@ public actor UpstreamWorker {
   public func restore(_ position: Position) {
     guard !running else { return }
     book = CursorBook(restoring: position)
+    adapter.restore(tokens: position.tokens)
   }
 
   /// Before `start()`: poll on from a position read from the store, the stored events' upstream ids counting as
@@ -345,6 +346,7 @@ public actor UpstreamWorker {
     }
     // Only the decisions are made in this turn (ids, no text): the envelopes are built slice by slice below.
     let plan = book.plan(answer)
+    book.forgetKeys(resetIn: plan)
     for stream in plan.unknownStreams {
       statistics.unknownStreams += 1
       logger.limited(

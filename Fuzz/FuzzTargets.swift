@@ -59,8 +59,11 @@ enum FuzzChecks {
     scope.cursor = UInt64(rest.count)
     scope.opaque = recipe.cursor.opaque
     scope.token = recipe.cursor.opaque ? value : nil
+    // The fetch step (when there is one) is built and read like the poll, chosen by the first body byte.
+    let fetching = recipe.fetch != nil && (rest.first ?? 0) & 0x80 != 0
     if let request = try? RecipeRequest.build(
-      recipe.poll, scope, recipe: recipe, timeout: 5, connectTimeout: 1, label: "poll")
+      fetching ? recipe.fetch! : recipe.poll, scope, recipe: recipe, timeout: 5, connectTimeout: 1,
+      label: fetching ? "fetch" : "poll")
     {
       do {
         try OutgoingRequest.check(request)
@@ -76,7 +79,11 @@ enum FuzzChecks {
     let verdict = RecipeAnswer.interpretPoll(
       status: [200, 204, 400, 401, 429, 503][Int(rest.first ?? 0) % 6],
       headers: [("X-Etcd-Index", value), ("Retry-After", value), ("Last-Modified", value), ("Etag", value)],
-      text: answer, json: try? RawJSON.parse(answer.text), recipe: recipe, scope: scope)
+      text: answer, json: try? RawJSON.parse(answer.text), recipe: recipe, scope: scope,
+      step: fetching ? "fetch" : "poll")
+    if verdict.more { precondition(fetching, "only a fetch step's answer asks to fetch again") }
+    if case .fetch = verdict.action { precondition(!fetching && recipe.fetch != nil, "only a poll leads to a fetch") }
+    if let after = verdict.after { precondition(after >= 0) }
     if case .answer(let parsedAnswer) = verdict.action, !recipe.cursor.opaque {
       for batch in parsedAnswer.batches {
         precondition(zip(batch.messages, batch.messages.dropFirst()).allSatisfy { $0.id <= $1.id })

@@ -25,7 +25,15 @@ import PollcastCore
 ///   (-1 before the first), increasing and not consecutive: message k of the queue is `1000·k`, heartbeats take
 ///   the ids between. `zulipExpireQueue()` garbage-collects the queue: its polls get HTTP 400
 ///   `{"result":"error","code":"BAD_EVENT_QUEUE_ID",…}` and what happens before the next register is lost.
-public enum APIShape: String, Sendable, Equatable, CaseIterable { case telegram, consul, couchdb, vk, zulip }
+/// - `dropbox`: Dropbox's list_folder longpoll. `POST /2/files/list_folder/get_latest_cursor` (Bearer key) →
+///   `{"cursor"}`; `POST /2/files/list_folder/longpoll` (no auth) with `{"cursor","timeout"}` held until news →
+///   `{"changes":true|false}` (with `"backoff": N` once `dropboxBackoff(_:)` asks); `POST
+///   /2/files/list_folder/continue` (Bearer) with `{"cursor"}` → `{"entries":[{".tag":"file","name","id","rev",…}],
+///   "cursor","has_more"}`, `dropbox.page` entries a page. After `dropboxReset()` an older cursor gets 409
+///   `{"error_summary":"reset/…","error":{".tag":"reset"}}`.
+public enum APIShape: String, Sendable, Equatable, CaseIterable {
+  case telegram, consul, couchdb, vk, zulip, dropbox
+}
 
 /// A one-off answer for the next poll of a shape (rate limits, server errors), sent instead of a real one.
 public struct CannedAnswer: Sendable {
@@ -57,6 +65,10 @@ extension LegacyFixture {
     }
     if path == "/lp/vk" {
       vkPoll(request, parameters: parameters)
+      return true
+    }
+    if path.hasPrefix("/2/files/list_folder/") {
+      dropbox(request, call: String(path.dropFirst("/2/files/list_folder/".count)))
       return true
     }
     if path == "/api/v1/register" {
@@ -263,6 +275,102 @@ extension LegacyFixture {
     }
   }
 
+  /// Dropbox's cursor text for the state after message `id` in generation `generation`.
+  func dropboxCursor(_ id: UInt64) -> String {
+    "AAH" + Data("\(dropbox.generation).\(id)".utf8).base64EncodedString().replacingOccurrences(of: "=", with: "")
+  }
+
+  /// The message id a cursor of this generation stands at; nil for text that is no cursor, `.max` for one of an
+  /// older generation (reset).
+  private func dropboxPosition(_ cursor: String) -> UInt64? {
+    guard cursor.hasPrefix("AAH") else { return nil }
+    var text = String(cursor.dropFirst(3))
+    while text.count % 4 != 0 { text += "=" }
+    guard let data = Data(base64Encoded: text) else { return nil }
+    let parts = String(decoding: data, as: UTF8.self).split(separator: ".")
+    guard parts.count == 2, let generation = Int(parts[0]), let id = UInt64(parts[1]) else { return nil }
+    return generation == dropbox.generation ? min(id, store.lastID(options.userID)) : .max
+  }
+
+  private func dropbox(_ request: HTTPRequest, call: String) {
+    let bearer = request.header("Authorization") == "Bearer \(options.apiKey)"
+    guard request.method == .post, let body = try? RawJSON.parse(request.bodyText) else {
+      request.respond(
+        status: 400, reason: "Bad Request", contentType: "text/plain; charset=utf-8",
+        body:
+          "Error in call to API function \"files/list_folder/\(call)\": request body: could not decode input as JSON")
+      return
+    }
+    if call != "longpoll" && !bearer {
+      stats.unauthorized += 1
+      json(
+        request, #"{"error_summary":"invalid_access_token/..","error":{".tag":"invalid_access_token"}}"#, status: 401)
+      return
+    }
+    if call == "get_latest_cursor" {
+      stats.sessions += 1
+      json(request, JSONText.object(["cursor": JSONText.quoted(dropboxCursor(store.lastID(options.userID)))]))
+      return
+    }
+    if sendCanned(request) { return }
+    guard let text = body["cursor"]?.stringValue, let position = dropboxPosition(text) else {
+      json(request, #"{"error_summary":"path/malformed_path/..","error":{".tag":"path"}}"#, status: 409)
+      return
+    }
+    guard position != .max else {
+      stats.polls += 1
+      json(request, #"{"error_summary":"reset/..","error":{".tag":"reset"}}"#, status: 409)
+      return
+    }
+    switch call {
+    case "longpoll":
+      let timeout = body["timeout"].flatMap { Double($0.rawText) } ?? 30
+      guard (30...480).contains(timeout) else {
+        json(request, #"{"error_summary":"invalid_timeout/..","error":{".tag":"other"}}"#, status: 400)
+        return
+      }
+      park(
+        request, kind: .shape(.dropbox), token: "dropbox", cursors: [(options.userID, position)],
+        timeout: min(timeout, options.maxPollTimeout), user: options.userID)
+    case "continue":
+      stats.polls += 1
+      let page = Array(store.after(position, user: options.userID, limit: dropbox.page))
+      let entries = page.map { message in
+        JSONText.object([
+          ".tag": JSONText.quoted("file"), "name": JSONText.quoted("msg-\(message.id).json"),
+          "path_lower": JSONText.quoted("/inbox/msg-\(message.id).json"),
+          "path_display": JSONText.quoted("/Inbox/msg-\(message.id).json"),
+          "id": JSONText.quoted("id:AAAAAAAAAA\(message.id)"),
+          "rev": JSONText.quoted(String(format: "%015llx", message.id &* 0x9E37_79B9)),
+          "size": String(message.json.utf8.count), "is_downloadable": "true",
+        ])
+      }
+      let last = page.last?.id ?? position
+      json(
+        request,
+        JSONText.object([
+          "entries": "[\(entries.joined(separator: ","))]", "cursor": JSONText.quoted(dropboxCursor(last)),
+          "has_more": store.lastID(options.userID) > last ? "true" : "false",
+        ]))
+    default:
+      request.respondError(status: 404, reason: "Not Found", message: "Unknown endpoint")
+    }
+  }
+
+  /// Dropbox resets the folder's cursors: held longpolls and older cursors get 409 `reset`.
+  public func dropboxReset() {
+    dropbox.generation += 1
+    for poll in pending.values where poll.kind == .shape(.dropbox) {
+      finish(poll) { self.json($0, #"{"error_summary":"reset/..","error":{".tag":"reset"}}"#, status: 409) }
+    }
+  }
+
+  /// The next longpoll answer carries `"backoff": seconds`.
+  public func dropboxBackoff(_ seconds: Int) { dropbox.backoff = seconds }
+
+  /// Entries per `continue` page.
+  public func dropboxPage(_ entries: Int) { dropbox.page = max(1, entries) }
+
   /// CouchDB 2.x's sequence text for change `n`: the number, a dash, and an opaque blob.
   public static func couchSeq(_ n: UInt64) -> String {
     "\(n)-g1AAAA" + Data("pollcast-fixture-\(n)".utf8).base64EncodedString().replacingOccurrences(of: "=", with: "")
@@ -335,6 +443,13 @@ extension LegacyFixture {
       }
       let last = max(cursor, messages.map(\.id).max() ?? 0)
       return JSONText.object(["ts": JSONText.quoted(String(last)), "updates": "[\(updates.joined(separator: ","))]"])
+    case .dropbox:
+      var fields = [("changes", messages.isEmpty ? "false" : "true")]
+      if let backoff = dropbox.backoff {
+        fields.append(("backoff", String(backoff)))
+        dropbox.backoff = nil
+      }
+      return JSONText.object(fields)
     case .zulip:
       var events = messages.map { message in
         JSONText.object([
@@ -360,7 +475,7 @@ extension LegacyFixture {
 
   func respondShape(_ shape: APIShape, _ request: HTTPRequest, body: String) {
     switch shape {
-    case .telegram, .couchdb, .vk, .zulip:
+    case .telegram, .couchdb, .vk, .zulip, .dropbox:
       json(request, body)
     case .consul:
       let index = max(1, store.lastID(options.userID))

@@ -89,6 +89,8 @@ public actor LegacyFixture {
   /// The Zulip shape's event queue: its generation (0: none registered yet), the message id it started after,
   /// and the heartbeats sent since its last message.
   var zulip = (generation: 0, base: UInt64(0), heartbeats: UInt64(0))
+  /// The Dropbox shape's cursor generation (a reset starts a new one), one-off backoff, and page size.
+  var dropbox = (generation: 1, backoff: Int?.none, page: 100)
   struct VKState {
     var keyGeneration = 1
     var historyLost = false

@@ -51,8 +51,10 @@ import Testing
     let telegram = try recipe(RecipeTests.telegram)
     #expect(telegram.vars["base"]?.text == "http://127.0.0.1:9", "vars read the environment at load")
     #expect(telegram.name == "recipe" && telegram.stream == "default")
-    for file in ["etcd-v2.json", "telegram.json", "consul.json", "couchdb.json", "nchan.json", "vk.json", "zulip.json"]
-    {
+    for file in [
+      "etcd-v2.json", "telegram.json", "consul.json", "couchdb.json", "nchan.json", "vk.json", "zulip.json",
+      "dropbox.json",
+    ] {
       let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent(
         "../../Config/recipes/\(file)"
       ).path
@@ -63,7 +65,7 @@ import Testing
       let environment = [
         "ETCD_URL": "http://127.0.0.1:2379", "TELEGRAM_API": "http://127.0.0.1:1", "TELEGRAM_TOKEN": "123:abc",
         "CONSUL_URL": "http://127.0.0.1:8500", "CONSUL_TOKEN": "t0ken-1", "ZULIP_URL": "http://127.0.0.1:1",
-        "VK_GROUP": "1", "VK_TOKEN": "vk-token", "ZULIP_BASIC": "Ym90OmtleQ==",
+        "VK_GROUP": "1", "VK_TOKEN": "vk-token", "ZULIP_BASIC": "Ym90OmtleQ==", "DROPBOX_TOKEN": "sl.token",
       ]
       let parsed = Recipe.parse(
         String(decoding: data, as: UTF8.self), context: Recipe.Context(environment: environment, hasCredential: false))
@@ -87,7 +89,7 @@ import Testing
       "recipe.poll.events.pointer: \"results\" is not a JSON pointer",
       "recipe.cursor.value: required for an opaque cursor",
       "recipe.rules[0].status: a number is not a status code",
-      "recipe.rules[1].step: \"fetch\" is not poll, session or *",
+      "recipe.rules[1].step: the recipe has no fetch step to match",
       "recipe.rules[2].do: \"explode\" is not one of",
       "recipe.rules[3].when.in: expected a non-empty array",
       "recipe.poll.query.since: {since} but no var or earlier session step's extract defines since",
@@ -114,6 +116,61 @@ import Testing
       {"poll":{"url":"http://h/p","events":{"pointer":"/e","id":{"event":"/id"}}},"cursor":{"session":["q"]}}
       """)
     #expect(integer.contains { $0.hasPrefix("recipe.cursor.session: only for an opaque cursor") })
+  }
+
+  @Test func aFetchStepTakesTheEventsAndOnlyItsRulesMayFetch() throws {
+    let found = problems(
+      """
+      {"poll":{"url":"http://h/longpoll","events":{"pointer":"/e","id":{"event":"/id"}}},
+       "fetch":{"url":"http://h/continue","json":{"cursor":"{cursor}"},"events":{"pointer":"/entries"},
+         "repeat_while":{"pointer":"/has_more","equal":true}},
+       "cursor":{"type":"opaque","value":{"body":"/cursor"}},
+       "rules":[{"step":"fetch","do":"fetch"},{"do":"session"}]}
+      """)
+    #expect(found.contains { $0.hasPrefix("recipe.poll.events: with a fetch step, the events come from recipe.fetch") })
+    #expect(found.contains { $0.hasPrefix("recipe.fetch.repeat_while.equal: unknown key") })
+    #expect(found.contains { $0.hasPrefix("recipe.rules[0].do: fetch follows a poll's answer") })
+    let noFetch = problems(
+      """
+      {"poll":{"url":"http://h/p","events":{"pointer":"/e","id":{"event":"/id"}}},
+       "rules":[{"step":"fetch","do":"empty"},{"do":"fetch"},{"do":"fail","after":{"const":1}}]}
+      """)
+    #expect(noFetch.contains { $0.hasPrefix("recipe.rules[0].step: the recipe has no fetch step") })
+    #expect(noFetch.contains { $0.hasPrefix("recipe.rules[1].do: fetch but the recipe has no fetch step") })
+    #expect(noFetch.contains { $0.hasPrefix("recipe.rules[2].after: only with do: retry") })
+    let dropbox = try recipe(
+      """
+      {"poll":{"method":"POST","url":"http://h/longpoll","json":{"cursor":"{cursor}"}},
+       "fetch":{"method":"POST","url":"http://h/continue","json":{"cursor":"{cursor}"},
+         "events":{"pointer":"/entries","id":{"event":"/id"}},"repeat_while":{"pointer":"/has_more","equals":true}},
+       "cursor":{"type":"opaque","value":{"body":"/cursor"},"initial":{"const":"c0"}},
+       "rules":[{"when":{"pointer":"/changes","equals":true},"do":"fetch","after":{"body":"/backoff"}},
+                {"when":{"pointer":"/changes","equals":false},"do":"empty","after":{"body":"/backoff"}}]}
+      """)
+    func verdict(_ body: String, step: String) -> RecipeAnswer.PollVerdict {
+      let text = RepairedText(Array(body.utf8))
+      return RecipeAnswer.interpretPoll(
+        status: 200, headers: [], text: text, json: try? RawJSON.parse(body), recipe: dropbox, scope: RecipeScope(),
+        step: step)
+    }
+    let news = verdict(#"{"changes":true,"backoff":5}"#, step: "poll")
+    guard case .fetch = news.action else {
+      Issue.record("a change is fetched: \(news.action)")
+      return
+    }
+    #expect(news.after == 5)
+    guard case .answer(let quiet) = verdict(#"{"changes":false,"backoff":2}"#, step: "poll").action else {
+      Issue.record("no change is no news")
+      return
+    }
+    #expect(quiet.isEmpty && quiet.nextPollAfter == 2)
+    let page = verdict(#"{"entries":[{"id":"a"},{"id":"b"}],"cursor":"c2","has_more":true}"#, step: "fetch")
+    guard case .answer(let answer) = page.action else {
+      Issue.record("a page relays its entries")
+      return
+    }
+    #expect(answer.batches.first?.messages.count == 2 && answer.tokens == ["default": "c2"] && page.more)
+    #expect(!verdict(#"{"entries":[],"cursor":"c3","has_more":false}"#, step: "fetch").more)
   }
 
   @Test func aBoundCursorCarriesItsSessionAndAnyOtherTextIsNot() {

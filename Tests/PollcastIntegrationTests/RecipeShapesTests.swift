@@ -369,3 +369,68 @@ extension RecipeShapesTests {
     await fixture.shutdown()
   }
 }
+
+extension RecipeShapesTests {
+  /// The fixture message ids (`name: msg-N.json`) of the Dropbox entries a client received.
+  static func dropboxMessages(_ client: TestSSEClient) -> [UInt64] {
+    client.events.filter { $0.type == "message" }.compactMap {
+      guard let name = (try? RawJSON.parse($0.data))?.resolve(pointer: "/message/name")?.stringValue else { return nil }
+      return UInt64(name.dropFirst(4).dropLast(5))
+    }
+  }
+
+  /// Dropbox: a longpoll that only says `changes`, then `continue` pages while `has_more` (the fetch step), the
+  /// pages' cursor stored in SQLite across a `kill -9`, the longpoll's `backoff` waited before the next longpoll, and
+  /// a 409 `reset` answered with a new cursor from `get_latest_cursor` and a gap.
+  @Test func dropboxFetchesPagesAfterTheLongpollAndFollowsBackoffAndReset() async throws {
+    var options = LegacyFixture.Options()
+    options.maxPollTimeout = 30
+    let fixture = try await LegacyFixture.start(options)
+    await fixture.dropboxPage(2)
+    let logs = try NodeLogs("pollcast-dropbox", nodes: 1)
+    defer { logs.remove() }
+    let store = logs.directory.appendingPathComponent("relay.db").path
+    let base = "http://\(fixture.address)"
+    let environment = [
+      "DROPBOX_API": base, "DROPBOX_NOTIFY": base, "DROPBOX_TOKEN": fixture.options.apiKey,
+    ]
+    var node = try relay(
+      "dropbox.json", store: store, log: logs.files[0], environment: environment, extra: ["--log-level", "debug"])
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    var client = try TestSSEClient(port: node.port)
+    func collect(_ client: TestSSEClient, count: Int) -> [UInt64] {
+      let deadline = MonotonicClock.seconds() + 10 * timingFactor
+      while RecipeShapesTests.dropboxMessages(client).count < count && MonotonicClock.seconds() < deadline {
+        _ = try? client.pump(timeout: 0.05)
+      }
+      return RecipeShapesTests.dropboxMessages(client)
+    }
+    try await Task.sleep(for: .milliseconds(Int(500 * timingFactor)))
+    // Five entries: three continue pages of two, in one commit.
+    var expected = await fixture.append(user: "101", texts: ["1", "2", "3", "4", "5"])
+    #expect(collect(client, count: 5) == expected)
+    // The next longpoll answer asks for a 1 s backoff: the relay waits it before polling again.
+    await fixture.dropboxBackoff(1)
+    expected += await fixture.append(user: "101", texts: ["with backoff"])
+    #expect(collect(client, count: 6) == expected)
+    // A kill, entries meanwhile: polled on from the stored cursor, each once.
+    let lastID = client.events.last { $0.hadID && $0.type == "message" }?.lastEventID
+    node.kill9()
+    expected += await fixture.append(user: "101", texts: ["while down 1", "while down 2", "while down 3"])
+    node = try relay("dropbox.json", store: store, log: logs.files[1 % logs.files.count], environment: environment)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    client = try TestSSEClient(port: node.port, headers: lastID.map { [("Last-Event-ID", $0)] } ?? [])
+    #expect(collect(client, count: 3) == Array(expected.suffix(3)))
+    // Dropbox resets the cursors: a new one from get_latest_cursor, with a gap; what comes after is relayed.
+    await fixture.dropboxReset()
+    try await Task.sleep(for: .milliseconds(Int(800 * timingFactor)))
+    let later = await fixture.append(user: "101", texts: ["after the reset"])
+    #expect(collect(client, count: 4) == Array(expected.suffix(3)) + later)
+    #expect(client.events.contains { $0.type == "upstream" && $0.data.contains("\"resync\"") })
+    let log = (try? String(contentsOf: logs.files[0], encoding: .utf8)) ?? ""
+    #expect(log.contains("upstream asked to wait before the next poll") && log.contains("delay_ms=1000"))
+    #expect(!log.contains(fixture.options.apiKey), "\(log.suffix(2000))")
+    node.kill9()
+    await fixture.shutdown()
+  }
+}

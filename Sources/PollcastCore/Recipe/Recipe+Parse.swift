@@ -100,7 +100,7 @@ struct RecipeReader {
     if let version = top["recipe"], version != .number(1) {
       problem("recipe.recipe", "only version 1 is known")
     }
-    for unsupported in ["sync", "fetch"] where top[unsupported] != nil {
+    for unsupported in ["sync"] where top[unsupported] != nil {
       problem("recipe.\(unsupported)", "not supported yet by this build (session steps and the poll are)")
     }
     let name = string(top["name"], "recipe.name") ?? "recipe"
@@ -158,20 +158,40 @@ struct RecipeReader {
       problem("recipe.poll", "required: the long-poll request")
       return nil
     }
-    let pollParsed = step(pollValue, "recipe.poll", label: "poll", events: true)
+    var fetchParsed: (step: Recipe.Step, events: Recipe.Events?)?
+    var fetchWhile: Recipe.Condition?
+    if let fetchValue = top["fetch"] {
+      if case .object(var members) = fetchValue {
+        if let condition = members.removeValue(forKey: "repeat_while") {
+          fetchWhile = self.condition(condition, "recipe.fetch.repeat_while")
+        }
+        fetchParsed = step(.object(members), "recipe.fetch", label: "fetch", events: true)
+      } else {
+        problem("recipe.fetch", "expected an object (a step with events), got \(fetchValue.kind)")
+      }
+    }
+    let hasFetch = top["fetch"] != nil
+    if hasFetch, case .object(let members) = pollValue, members["events"] != nil {
+      problem("recipe.poll.events", "with a fetch step, the events come from recipe.fetch.events")
+    }
+    let pollParsed = step(pollValue, "recipe.poll", label: "poll", events: !hasFetch)
     let cursor = self.cursor(top["cursor"], events: top["poll"])
     var rules: [Recipe.Rule] = []
     if let rulesValue = top["rules"] {
       if case .array(let items) = rulesValue {
         for (index, item) in items.enumerated() {
-          if let rule = self.rule(item, "recipe.rules[\(index)]", hasSession: !session.isEmpty) { rules.append(rule) }
+          if let rule = self.rule(item, "recipe.rules[\(index)]", hasSession: !session.isEmpty, hasFetch: hasFetch) {
+            rules.append(rule)
+          }
         }
       } else {
         problem("recipe.rules", "expected an array of rules, got \(rulesValue.kind)")
       }
     }
     let user = template(top["user"], "recipe.user")
-    guard let pollParsed, let events = pollParsed.events, let cursor else { return nil }
+    guard let pollParsed, let events = hasFetch ? fetchParsed?.events : pollParsed.events, let cursor else {
+      return nil
+    }
     if events.id == nil && !cursor.opaque {
       problem(
         "recipe.poll.events.id",
@@ -181,9 +201,11 @@ struct RecipeReader {
     var recipe = Recipe(
       name: name, stream: stream, vars: vars, session: session, poll: pollParsed.step, events: events, cursor: cursor,
       rules: rules, user: user)
+    recipe.fetch = fetchParsed?.step
+    recipe.fetchWhile = fetchWhile
     recipe.environmentVars = environmentVars
     var names = environmentNames
-    for step in session + [pollParsed.step] {
+    for step in session + [pollParsed.step] + (fetchParsed.map { [$0.step] } ?? []) {
       for (_, template) in step.templates("") {
         for case .env(let env, _) in template.placeholders { names.insert(env) }
       }
@@ -240,13 +262,15 @@ struct RecipeReader {
         known.insert(name)
       }
     }
-    for (path, template) in recipe.poll.templates("recipe.poll") { check(path, template, cursor: true, reader: &found) }
+    var polling = recipe.poll.templates("recipe.poll")
+    if let fetch = recipe.fetch { polling += fetch.templates("recipe.fetch") }
+    for (path, template) in polling { check(path, template, cursor: true, reader: &found) }
     for (index, name) in recipe.cursor.session.enumerated() where !recipe.sessionNames.contains(name) {
       found.append("recipe.cursor.session[\(index)]: session value \"\(name)\" is not extracted by any session step")
     }
     if !recipe.cursor.session.isEmpty {
       // A relay restarted with a stored cursor polls with the session values kept with it, and no others.
-      for (path, template) in recipe.poll.templates("recipe.poll") {
+      for (path, template) in polling {
         for case .name(let name) in template.placeholders
         where recipe.sessionNames.contains(name) && !recipe.cursor.session.contains(name) {
           found.append(

@@ -234,14 +234,15 @@ extension RecipeReader {
     return Recipe.Condition(pointer: pointer, test: tests[0])
   }
 
-  mutating func rule(_ value: JSONValue, _ path: String, hasSession: Bool) -> Recipe.Rule? {
+  mutating func rule(_ value: JSONValue, _ path: String, hasSession: Bool, hasFetch: Bool = false) -> Recipe.Rule? {
     guard let members = object(value, path, keys: ["step", "status", "when", "do", "after", "to", "gap"]) else {
       return nil
     }
     let step = string(members["step"], "\(path).step") ?? "poll"
-    if !["poll", "session", "*"].contains(step) {
-      problem("\(path).step", "\"\(step)\" is not poll, session or * (so the rule could never match)")
+    if !["poll", "session", "fetch", "*"].contains(step) {
+      problem("\(path).step", "\"\(step)\" is not poll, session, fetch or * (so the rule could never match)")
     }
+    if step == "fetch" && !hasFetch { problem("\(path).step", "the recipe has no fetch step to match") }
     if step == "session" && !hasSession { problem("\(path).step", "the recipe has no session step to match") }
     var statuses: Recipe.ClosedRangeSet?
     if let status = members["status"] {
@@ -294,15 +295,20 @@ extension RecipeReader {
     case let other?: problem("\(path).do", "expected an action or a list of actions, got \(other.kind)")
     }
     if actions.contains(.session) && !hasSession { problem("\(path).do", "session but the recipe has no session step") }
-    let exclusive: [Recipe.Action] = [.continue, .empty, .retry, .fail]
+    if actions.contains(.fetch) && !hasFetch { problem("\(path).do", "fetch but the recipe has no fetch step") }
+    if actions.contains(.fetch) && step != "poll" {
+      problem("\(path).do", "fetch follows a poll's answer (step: poll)")
+    }
+    let exclusive: [Recipe.Action] = [.continue, .empty, .retry, .fail, .fetch]
     if actions.filter({ exclusive.contains($0) }).count > 1
       || (actions.count > 1 && actions.contains(where: { exclusive.contains($0) }))
     {
       problem("\(path).do", "\(exclusive.map(\.rawValue).joined(separator: ", ")) each stand alone")
     }
     let after = members["after"].flatMap { source($0, "\(path).after") }
-    if after != nil && !actions.contains(.retry) {
-      problem("\(path).after", "only with do: retry in this build")
+    if after != nil && !actions.contains(where: { [.retry, .continue, .empty, .fetch].contains($0) }) {
+      problem(
+        "\(path).after", "only with do: retry (the wait), or continue, empty or fetch (the wait before the next poll)")
     }
     let to = members["to"].flatMap { source($0, "\(path).to") }
     if case .event = to?.origin { problem("\(path).to", "a reset target comes from the answer, not an event") }

@@ -16,6 +16,11 @@ public struct Recipe: Sendable {
   private(set) var varNames: Set<String> = []
   public var session: [Step]
   public var poll: Step
+  /// Fetch-after-notify (Dropbox `longpoll` + `continue`): a poll that only says "there is news" is followed by
+  /// this step, repeated while `fetchWhile` holds on its answer; the events then come from it.
+  public var fetch: Step?
+  public var fetchWhile: Condition?
+  /// The events' spec: the fetch step's when there is one, else the poll's.
   public var events: Events
   public var cursor: Cursor
   public var rules: [Rule]
@@ -120,11 +125,11 @@ public struct Recipe: Sendable {
   }
 
   public enum Action: String, Sendable, CaseIterable {
-    case `continue`, empty, session, reset, retry, fail
+    case `continue`, empty, session, reset, retry, fail, fetch
   }
 
   public struct Rule: Sendable {
-    /// Which step's answers it reads: `poll`, `session`, or `*`.
+    /// Which step's answers it reads: `poll`, `session`, `fetch`, or `*`.
     public var step: String
     /// Status codes it matches (nil: any).
     public var statuses: ClosedRangeSet?

@@ -225,7 +225,16 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
         status: response.status, headers: response.headers, text: text, json: json, recipe: recipe, scope: sent)
     }
     lastRule = verdict.rule
-    switch verdict.action {
+    var keys = verdict.keys
+    var action = verdict.action
+    if case .fetch = action {
+      (action, keys) = try await fetchAll(client, from: current)
+      if case .answer(var answer) = action, let after = verdict.after {
+        answer.nextPollAfter = after
+        action = .answer(answer)
+      }
+    }
+    switch action {
     case .answer(var answer):
       if let reset {
         pendingReset = nil
@@ -233,7 +242,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
         // The reset's cursor is what this poll sent: stored with the answer unless the answer moved it on.
         if let resetToken, answer.tokens[recipe.stream] == nil { answer.tokens[recipe.stream] = resetToken }
       }
-      if recipe.cursor.opaque { number(&answer, keys: verdict.keys, after: cursor) }
+      if recipe.cursor.opaque { number(&answer, keys: keys, after: cursor) }
       if !recipe.cursor.session.isEmpty, let token = answer.tokens[recipe.stream] {
         answer.tokens[recipe.stream] = RecipeAdapter.bind(token, session: boundSession)
       }
@@ -244,8 +253,51 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       throw UpstreamError(.sessionExpired, "\(verdict.rule ?? "status 401"): new session")
     case .error(let error):
       throw error
+    case .fetch:
+      throw UpstreamError(.decoding, "\(lastRule ?? "a rule"): fetch answered fetch")
     }
   }
+
+  /// Fetches after a poll that said there is news: the fetch step from the poll's cursor, again from each answer's
+  /// cursor while `fetch.repeat_while` holds (at most `maxFetchPages` times; the next poll goes on from there). The
+  /// pages' events make one answer, stored in one commit with the last page's cursor: a crash between pages fetches
+  /// them again, and the dedupe key drops what was relayed.
+  private func fetchAll(
+    _ client: UpstreamClient, from start: RecipeScope, isolation: isolated (any Actor)? = #isolation
+  ) async throws(UpstreamError) -> (RecipeAnswer.PollAction, [String?]) {
+    guard let fetch = recipe.fetch else { throw UpstreamError(.decoding, "recipe.fetch: no fetch step") }
+    var current = start
+    var combined = UpstreamPollAnswer(batches: [(recipe.stream, [])])
+    var keys: [String?] = []
+    for _ in 0..<RecipeAdapter.maxFetchPages {
+      let request = try RecipeRequest.build(
+        fetch, current, recipe: recipe, timeout: min(fetch.timeout ?? requestTimeout, timeoutCap ?? .infinity),
+        connectTimeout: connectTimeout, label: "fetch")
+      let response = try await client.send(request)
+      let recipe = self.recipe
+      let sent = current
+      let verdict = await RecipeAnswer.decode(response) { text, json in
+        RecipeAnswer.interpretPoll(
+          status: response.status, headers: response.headers, text: text, json: json, recipe: recipe, scope: sent,
+          step: "fetch")
+      }
+      lastRule = verdict.rule ?? lastRule
+      guard case .answer(let page) = verdict.action else { return (verdict.action, keys) }
+      for batch in page.batches { combined.batches[0].messages += batch.messages }
+      combined.rejected += page.rejected
+      combined.resets += page.resets
+      keys += verdict.keys
+      if let token = page.tokens[recipe.stream] {
+        combined.tokens[recipe.stream] = token
+        current.token = token
+      }
+      guard verdict.more else { break }
+    }
+    return (.answer(combined), keys)
+  }
+
+  /// Fetch pages after one poll, at most (a `repeat_while` that always holds must not hold the loop's account).
+  static let maxFetchPages = 100
 }
 
 extension RecipeAdapter {

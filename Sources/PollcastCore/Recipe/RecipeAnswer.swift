@@ -30,6 +30,8 @@ enum RecipeAnswer {
     case answer(UpstreamPollAnswer)
     /// A new session; with a reset, the cursor then goes to `to` (nil: `cursor.initial` after the session).
     case session(reset: SessionReset?)
+    /// The poll said there is news: run the fetch step (`Recipe.fetch`).
+    case fetch
     case error(UpstreamError)
   }
 
@@ -46,6 +48,10 @@ enum RecipeAnswer {
     var rule: String?
     /// Opaque cursors: each message's dedupe key (nil: none), in the order of the answer's one batch.
     var keys: [String?] = []
+    /// A fetch step's answer says there is more (`fetch.repeat_while`): fetch again from its cursor.
+    var more = false
+    /// With `.fetch`: the wait before the next poll (the rule's `after`).
+    var after: Double?
   }
 
   struct SessionOutcome {
@@ -214,28 +220,49 @@ enum RecipeAnswer {
 
   // MARK: Polls
 
+  /// A poll's answer, or (`step: "fetch"`) a fetch step's. With a fetch step, a poll's answer carries no events: it
+  /// is news to fetch (a `fetch` rule) or none.
   static func interpretPoll(
     status: Int, headers: [(name: String, value: String)], text: RepairedText, json: RawJSON?, recipe: Recipe,
-    scope: RecipeScope
+    scope: RecipeScope, step: String = "poll"
+  ) -> PollVerdict {
+    var verdict = interpret(
+      status: status, headers: headers, text: text, json: json, recipe: recipe, scope: scope, step: step)
+    if step == "fetch", case .answer = verdict.action, let condition = recipe.fetchWhile {
+      verdict.more = matches(condition, json)
+    }
+    return verdict
+  }
+
+  private static func interpret(
+    status: Int, headers: [(name: String, value: String)], text: RepairedText, json: RawJSON?, recipe: Recipe,
+    scope: RecipeScope, step: String
   ) -> PollVerdict {
     var context = Context(json: json, headers: headers, scope: scope)
     context.now = Date()
-    let rule = rule(recipe.rules, step: "poll", status: status, json: json)
+    let rule = rule(recipe.rules, step: step, status: status, json: json)
+    // A poll followed by a fetch step brings no events itself.
+    let notifyOnly = recipe.fetch != nil && step == "poll"
     let blank = json == nil && !text.text.utf8.contains { !($0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09) }
     func failure(_ kind: UpstreamError.Kind, _ message: String, retry: Double? = nil) -> PollVerdict {
       PollVerdict(
         action: .error(UpstreamError(kind, message, cause: snippet(text, scope), retryAfter: retry)), rule: rule?.path)
     }
-    let empty = PollVerdict(action: .answer(UpstreamPollAnswer(batches: [(recipe.stream, [])])), rule: rule?.path)
+    // `after` with continue, empty or fetch: the wait before the next poll (Dropbox's `backoff`).
+    let after = rule.flatMap { rule in rule.actions.contains(.retry) ? nil : rule.after.flatMap { delay($0, context) } }
+    var emptyAnswer = UpstreamPollAnswer(batches: [(recipe.stream, [])])
+    emptyAnswer.nextPollAfter = after
+    let empty = PollVerdict(action: .answer(emptyAnswer), rule: rule?.path)
     guard let rule else {
       if (200...299).contains(status) {
-        if status == 204 || blank { return empty }
+        if status == 204 || blank || notifyOnly { return empty }
         return events(recipe, text: text, context: context, rule: nil)
       }
       if status == 401 && !recipe.session.isEmpty {
         return PollVerdict(action: .session(reset: nil), rule: nil)
       }
-      return failure(.status(status), "poll answered \(status)", retry: retryDefault(status: status, context: context))
+      return failure(
+        .status(status), "\(step) answered \(status)", retry: retryDefault(status: status, context: context))
     }
     let actions = rule.actions
     let reason = "recipe_\(rule.path.replacingEvery("recipe.", with: ""))"
@@ -282,13 +309,22 @@ enum RecipeAnswer {
     case .empty?: return empty
     case .retry?:
       return failure(
-        .status(status), "poll answered \(status): \(rule.path) says retry",
+        .status(status), "\(step) answered \(status): \(rule.path) says retry",
         retry: rule.after.flatMap { delay($0, context) } ?? retryDefault(status: status, context: context))
     case .fail?:
-      return failure(.status(status), "poll answered \(status): \(rule.path) says fail")
+      return failure(.status(status), "\(step) answered \(status): \(rule.path) says fail")
+    case .fetch?:
+      var verdict = PollVerdict(action: .fetch, rule: rule.path)
+      verdict.after = after
+      return verdict
     default:  // continue
-      if status == 204 || blank { return empty }
-      return events(recipe, text: text, context: context, rule: rule.path)
+      if status == 204 || blank || notifyOnly { return empty }
+      var verdict = events(recipe, text: text, context: context, rule: rule.path)
+      if case .answer(var answer) = verdict.action {
+        answer.nextPollAfter = after
+        verdict.action = .answer(answer)
+      }
+      return verdict
     }
   }
 

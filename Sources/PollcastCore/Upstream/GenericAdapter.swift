@@ -85,7 +85,7 @@ public final class GenericAdapter: RecipeAdapter, @unchecked Sendable {  // loop
     switch verdict.action {
     case .answer(let answer): return answer
     case .error(let error): throw error
-    case .session: throw UpstreamError(.decoding, "unexpected session action")
+    case .session, .fetch: throw UpstreamError(.decoding, "unexpected session or fetch action")
     }
   }
 }

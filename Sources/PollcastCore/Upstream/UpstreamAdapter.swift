@@ -80,6 +80,9 @@ public struct UpstreamPollAnswer: Sendable, Equatable {
   public var tokens: [String: String] = [:]
   /// How many recent dedupe keys per stream the cursor book remembers.
   public var dedupeWindow = RecentKeys.capacity
+  /// The API asks for this many seconds before the next poll (a recipe's `after` on continue, empty or fetch:
+  /// Dropbox's `backoff`).
+  public var nextPollAfter: Double?
 
   public init(batches: [(stream: String, messages: [UpstreamMessage])], rejected: [UpstreamRejection] = []) {
     self.batches = batches
@@ -87,7 +90,8 @@ public struct UpstreamPollAnswer: Sendable, Equatable {
   }
 
   public static func == (a: UpstreamPollAnswer, b: UpstreamPollAnswer) -> Bool {
-    a.rejected == b.rejected && a.resets == b.resets && a.tokens == b.tokens && a.batches.count == b.batches.count
+    a.rejected == b.rejected && a.resets == b.resets && a.tokens == b.tokens && a.nextPollAfter == b.nextPollAfter
+      && a.batches.count == b.batches.count
       && zip(a.batches, b.batches).allSatisfy { $0.stream == $1.stream && $0.messages == $1.messages }
   }
 

@@ -224,6 +224,18 @@ public actor UpstreamWorker {
           continue
         }
         guard isCurrent(cycleGeneration) else { return }
+        if let asked = answer.nextPollAfter, asked > 0 {
+          // The API asked for a pause before the next poll (a recipe's `after`: Dropbox's `backoff`), within the
+          // bound a server-given delay gets.
+          let delay = min(asked, UpstreamError.maxRetryAfter)
+          logger.debug("upstream asked to wait before the next poll", metadata: ["delay_ms": String(Int(delay * 1000))])
+          do {
+            try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
+          } catch {
+            return
+          }
+          continue
+        }
         if !answer.rejected.contains(where: { !$0.expected }) || cursors != cursorsBefore {
           let took = MonotonicClock.seconds() - started
           let wait = spacing.delay(

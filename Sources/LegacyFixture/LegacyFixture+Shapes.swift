@@ -31,8 +31,14 @@ import PollcastCore
 ///   /2/files/list_folder/continue` (Bearer) with `{"cursor"}` → `{"entries":[{".tag":"file","name","id","rev",…}],
 ///   "cursor","has_more"}`, `dropbox.page` entries a page. After `dropboxReset()` an older cursor gets 409
 ///   `{"error_summary":"reset/…","error":{".tag":"reset"}}`.
+/// - `cometd`: Bayeux 1.0 long-polling with the ack extension, at `POST /cometd` (JSON arrays of messages):
+///   `/meta/handshake` → `clientId`; `/meta/subscribe` to `/orders/**`; `/meta/connect` held until news, answered
+///   with the events (`{"channel":"/orders/new","data":{…},"id":"m<N>"}`) and the connect reply, whose `ext.ack` is the
+///   batch id to send back (the newest message id in it); a connect with `ext.ack` N gets what came after batch N.
+///   `cometdAdvise(intervalMs:)` puts `advice.interval` in the next connect reply; `cometdDropClient()` forgets the
+///   client: its connects get `402::Unknown client` with `advice.reconnect: handshake`.
 public enum APIShape: String, Sendable, Equatable, CaseIterable {
-  case telegram, consul, couchdb, vk, zulip, dropbox
+  case telegram, consul, couchdb, vk, zulip, dropbox, cometd
 }
 
 /// A one-off answer for the next poll of a shape (rate limits, server errors), sent instead of a real one.
@@ -65,6 +71,10 @@ extension LegacyFixture {
     }
     if path == "/lp/vk" {
       vkPoll(request, parameters: parameters)
+      return true
+    }
+    if path == "/cometd" {
+      cometd(request)
       return true
     }
     if path.hasPrefix("/2/files/list_folder/") {
@@ -275,6 +285,97 @@ extension LegacyFixture {
     }
   }
 
+  var cometdClientID: String { "fx\(cometd.generation)c0mEtD" }
+
+  private func cometd(_ request: HTTPRequest) {
+    guard request.method == .post, let body = try? RawJSON.parse(request.bodyText),
+      case .array(let messages) = body.value,
+      !messages.isEmpty
+    else {
+      request.respondError(status: 400, reason: "Bad Request", message: "expected a JSON array of Bayeux messages")
+      return
+    }
+    var replies: [String] = []
+    for message in messages {
+      let channel = message["channel"]?.stringValue ?? ""
+      let id = message["id"].map { ",\"id\":\($0.rawText)" } ?? ""
+      let known = cometd.generation > 0 && message["clientId"]?.stringValue == cometdClientID
+      switch channel {
+      case "/meta/handshake":
+        guard message["supportedConnectionTypes"]?.rawText.contains("long-polling") == true else {
+          replies.append(
+            #"{"channel":"/meta/handshake","successful":false,"error":"403::Unsupported connection type"}"#)
+          continue
+        }
+        stats.sessions += 1
+        cometd.generation += 1
+        cometd.base = store.lastID(options.userID)
+        cometd.subscribed = false
+        replies.append(
+          "{\"channel\":\"/meta/handshake\",\"successful\":true,\"version\":\"1.0\",\"clientId\":"
+            + "\(JSONText.quoted(cometdClientID)),\"supportedConnectionTypes\":[\"long-polling\"],"
+            + "\"advice\":{\"reconnect\":\"retry\",\"interval\":0,\"timeout\":30000},\"ext\":{\"ack\":true}\(id)}")
+      case "/meta/subscribe":
+        guard known else {
+          replies.append(
+            #"{"channel":"/meta/subscribe","successful":false,"error":"402::Unknown client","advice":{"reconnect":"handshake","interval":0}}"#
+          )
+          continue
+        }
+        let subscription = message["subscription"]?.rawText ?? ""
+        cometd.subscribed = subscription.contains("/orders/")
+        replies.append(
+          "{\"channel\":\"/meta/subscribe\",\"successful\":true,\"subscription\":\(subscription)\(id)}")
+      case "/meta/connect":
+        guard known else {
+          stats.polls += 1
+          replies.append(
+            #"{"channel":"/meta/connect","successful":false,"error":"402::Unknown client","advice":{"reconnect":"handshake","interval":0}}"#
+          )
+          continue
+        }
+        // ext.ack: the last batch (message id) the client received; -1 (or none) before the first.
+        // (A number, as CometD's server reads it: a string would not acknowledge anything there; refused here.)
+        let ackValue = message["ext"]?["ack"]
+        if let ackValue, ackValue.stringValue != nil {
+          request.respondError(status: 400, reason: "Bad Request", message: "ext.ack must be a number")
+          return
+        }
+        let ack = ackValue.flatMap { Int64($0.rawText) } ?? -1
+        let cursor = ack < 0 ? cometd.base : min(max(UInt64(ack), cometd.base), store.lastID(options.userID))
+        guard messages.count == 1 else {
+          request.respondError(status: 400, reason: "Bad Request", message: "a connect travels alone")
+          return
+        }
+        park(
+          request, kind: .shape(.cometd), token: "cometd", cursors: [(options.userID, cursor)],
+          timeout: min(30, options.maxPollTimeout), user: options.userID)
+        return
+      default:
+        replies.append(
+          "{\"channel\":\(JSONText.quoted(channel)),\"successful\":false,\"error\":\"400::Unknown channel\"\(id)}")
+      }
+    }
+    json(request, "[\(replies.joined(separator: ","))]")
+  }
+
+  /// The next connect reply carries `advice.interval` (milliseconds before the next connect).
+  public func cometdAdvise(intervalMs: Int) { cometd.interval = intervalMs }
+
+  /// The server forgets the client (a restart, a timeout): held and later connects answer `402::Unknown client`
+  /// with `advice.reconnect: handshake`, and what happens before the next handshake is not kept for it.
+  public func cometdDropClient() {
+    cometd.generation += 1
+    for poll in pending.values where poll.kind == .shape(.cometd) {
+      finish(poll) {
+        self.json(
+          $0,
+          #"[{"channel":"/meta/connect","successful":false,"error":"402::Unknown client","advice":{"reconnect":"handshake","interval":0}}]"#
+        )
+      }
+    }
+  }
+
   /// Dropbox's cursor text for the state after message `id` in generation `generation`.
   func dropboxCursor(_ id: UInt64) -> String {
     "AAH" + Data("\(dropbox.generation).\(id)".utf8).base64EncodedString().replacingOccurrences(of: "=", with: "")
@@ -443,6 +544,17 @@ extension LegacyFixture {
       }
       let last = max(cursor, messages.map(\.id).max() ?? 0)
       return JSONText.object(["ts": JSONText.quoted(String(last)), "updates": "[\(updates.joined(separator: ","))]"])
+    case .cometd:
+      var replies = (cometd.subscribed ? messages : []).map { message in
+        "{\"channel\":\"/orders/new\",\"data\":\(message.json),\"id\":\"m\(message.id)\"}"
+      }
+      let ack = max(cursor, cometd.subscribed ? (messages.map(\.id).max() ?? 0) : store.lastID(options.userID))
+      let interval = cometd.interval ?? 0
+      cometd.interval = nil
+      replies.append(
+        "{\"channel\":\"/meta/connect\",\"successful\":true,\"advice\":{\"reconnect\":\"retry\",\"interval\":"
+          + "\(interval),\"timeout\":30000},\"ext\":{\"ack\":\(ack)}}")
+      return "[\(replies.joined(separator: ","))]"
     case .dropbox:
       var fields = [("changes", messages.isEmpty ? "false" : "true")]
       if let backoff = dropbox.backoff {
@@ -475,7 +587,7 @@ extension LegacyFixture {
 
   func respondShape(_ shape: APIShape, _ request: HTTPRequest, body: String) {
     switch shape {
-    case .telegram, .couchdb, .vk, .zulip, .dropbox:
+    case .telegram, .couchdb, .vk, .zulip, .dropbox, .cometd:
       json(request, body)
     case .consul:
       let index = max(1, store.lastID(options.userID))

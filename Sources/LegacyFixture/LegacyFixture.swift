@@ -91,6 +91,9 @@ public actor LegacyFixture {
   var zulip = (generation: 0, base: UInt64(0), heartbeats: UInt64(0))
   /// The Dropbox shape's cursor generation (a reset starts a new one), one-off backoff, and page size.
   var dropbox = (generation: 1, backoff: Int?.none, page: 100)
+  /// The CometD shape's client generation (0: no handshake yet), the message id its queue starts after, whether it
+  /// subscribed to `/orders/**`, and a one-off `advice.interval`.
+  var cometd = (generation: 0, base: UInt64(0), subscribed: false, interval: Int?.none)
   struct VKState {
     var keyGeneration = 1
     var historyLost = false

@@ -173,6 +173,17 @@ import Testing
     #expect(!verdict(#"{"entries":[],"cursor":"c3","has_more":false}"#, step: "fetch").more)
   }
 
+  @Test func anIntegerOpaqueCursorIsANumberInAJSONBody() {
+    for (token, json) in [
+      ("-1", "-1"), ("42", "42"), ("0", "0"), ("007", "\"007\""), ("-0", "\"-0\""), ("--1", "\"--1\""),
+      ("4-2", "\"4-2\""),
+      ("AAH1", "\"AAH1\""), ("", "\"\""), ("99999999999999999999", "\"99999999999999999999\""),
+    ] {
+      #expect(RecipeScope.opaqueValue(token).json == json, "\(token)")
+      #expect(RecipeScope.opaqueValue(token).text == token)
+    }
+  }
+
   @Test func aBoundCursorCarriesItsSessionAndAnyOtherTextIsNot() {
     let bound = RecipeAdapter.bind("2003", session: ["queue_id": "1517975029:1"])
     #expect(RecipeAdapter.unbind(bound)?.cursor == "2003")

@@ -24,6 +24,18 @@ import Testing
       ] + extra, log: log, environment: environment)
   }
 
+  /// Waits until a line of the log holds every one of `texts` (a relay logs after it acts, and a `kill -9` right
+  /// after could cut the line).
+  func waitForLog(_ log: URL, _ texts: String..., timeout: Double = 5) -> Bool {
+    let deadline = MonotonicClock.seconds() + timeout * timingFactor
+    repeat {
+      let lines = ((try? String(contentsOf: log, encoding: .utf8)) ?? "").split(separator: "\n")
+      if lines.contains(where: { line in texts.allSatisfy { line.contains($0) } }) { return true }
+      usleep(20_000)
+    } while MonotonicClock.seconds() < deadline
+    return false
+  }
+
   func pumpUntil(_ reader: Reader, count: Int, timeout: Double = 10) {
     let deadline = MonotonicClock.seconds() + timeout * timingFactor
     while reader.messages.count < count && MonotonicClock.seconds() < deadline { reader.pump(for: 0.1) }
@@ -413,11 +425,12 @@ extension RecipeShapesTests {
     await fixture.dropboxBackoff(1)
     expected += await fixture.append(user: "101", texts: ["with backoff"])
     #expect(collect(client, count: 6) == expected)
+    #expect(waitForLog(logs.files[0], "upstream asked to wait before the next poll", "delay_ms=1000"))
     // A kill, entries meanwhile: polled on from the stored cursor, each once.
     let lastID = client.events.last { $0.hadID && $0.type == "message" }?.lastEventID
     node.kill9()
     expected += await fixture.append(user: "101", texts: ["while down 1", "while down 2", "while down 3"])
-    node = try relay("dropbox.json", store: store, log: logs.files[1 % logs.files.count], environment: environment)
+    node = try relay("dropbox.json", store: store, log: logs.files[0], environment: environment)
     try await waitReady(port: node.port, timeout: 10 * timingFactor)
     client = try TestSSEClient(port: node.port, headers: lastID.map { [("Last-Event-ID", $0)] } ?? [])
     #expect(collect(client, count: 3) == Array(expected.suffix(3)))
@@ -428,8 +441,67 @@ extension RecipeShapesTests {
     #expect(collect(client, count: 4) == Array(expected.suffix(3)) + later)
     #expect(client.events.contains { $0.type == "upstream" && $0.data.contains("\"resync\"") })
     let log = (try? String(contentsOf: logs.files[0], encoding: .utf8)) ?? ""
-    #expect(log.contains("upstream asked to wait before the next poll") && log.contains("delay_ms=1000"))
     #expect(!log.contains(fixture.options.apiKey), "\(log.suffix(2000))")
+    node.kill9()
+    await fixture.shutdown()
+  }
+}
+
+extension RecipeShapesTests {
+  /// The fixture message ids (`data.id`) of the CometD events a client received.
+  static func cometdMessages(_ client: TestSSEClient) -> [UInt64] {
+    client.events.filter { $0.type == "message" }.compactMap {
+      (try? RawJSON.parse($0.data))?.resolve(pointer: "/message/data/id")?.unsignedID
+    }
+  }
+
+  /// CometD (Bayeux long-polling with the ack extension): handshake and subscribe as two session steps, POSTed
+  /// connects whose answer mixes the connect reply (skipped; its `ext.ack` is the cursor, sent back as a number) with
+  /// the events; the client id kept with the cursor across a `kill -9`, so the same client's queue is polled on;
+  /// `advice.interval` waited before the next connect; `advice.reconnect: handshake` starts a new client with a gap.
+  @Test func cometdHandshakesSubscribesAcksAndFollowsItsAdvice() async throws {
+    let fixture = try await LegacyFixture.start()
+    let logs = try NodeLogs("pollcast-cometd", nodes: 1)
+    defer { logs.remove() }
+    let store = logs.directory.appendingPathComponent("relay.db").path
+    let environment = ["COMETD_URL": "http://\(fixture.address)/cometd"]
+    var node = try relay(
+      "cometd.json", store: store, log: logs.files[0], environment: environment, extra: ["--log-level", "debug"])
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    var client = try TestSSEClient(port: node.port)
+    func collect(_ client: TestSSEClient, count: Int) -> [UInt64] {
+      let deadline = MonotonicClock.seconds() + 10 * timingFactor
+      while RecipeShapesTests.cometdMessages(client).count < count && MonotonicClock.seconds() < deadline {
+        _ = try? client.pump(timeout: 0.05)
+      }
+      return RecipeShapesTests.cometdMessages(client)
+    }
+    try await Task.sleep(for: .milliseconds(Int(500 * timingFactor)))
+    var expected = await fixture.append(user: "101", texts: ["one", "two"])
+    #expect(collect(client, count: 2) == expected, "subscribed: the events reach the client")
+    // The next connect reply advises a 1 s interval: the relay waits it before connecting again.
+    await fixture.cometdAdvise(intervalMs: 1000)
+    expected += await fixture.append(user: "101", texts: ["advised"])
+    #expect(collect(client, count: 3) == expected)
+    #expect(waitForLog(logs.files[0], "upstream asked to wait before the next poll", "delay_ms=1000"))
+    // A kill, events meanwhile: the stored client and ack poll on in the same queue, each event once.
+    let lastID = client.events.last { $0.hadID && $0.type == "message" }?.lastEventID
+    node.kill9()
+    expected += await fixture.append(user: "101", texts: ["while down"])
+    node = try relay("cometd.json", store: store, log: logs.files[0], environment: environment)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    client = try TestSSEClient(port: node.port, headers: lastID.map { [("Last-Event-ID", $0)] } ?? [])
+    #expect(collect(client, count: 1) == Array(expected.suffix(1)))
+    #expect(await fixture.statistics().sessions == 1, "no new handshake after the restart")
+    // The server forgets the client: a new handshake and subscribe, with a gap.
+    await fixture.cometdDropClient()
+    try await Task.sleep(for: .milliseconds(Int(800 * timingFactor)))
+    let later = await fixture.append(user: "101", texts: ["new client"])
+    #expect(collect(client, count: 2) == Array(expected.suffix(1)) + later)
+    #expect(client.events.contains { $0.type == "upstream" && $0.data.contains("\"resync\"") })
+    #expect(await fixture.statistics().sessions == 2)
+    let log = (try? String(contentsOf: logs.files[0], encoding: .utf8)) ?? ""
+    #expect(!log.contains("fx1c0mEtD") && !log.contains("fx2c0mEtD"), "the client id is a session value: redacted")
     node.kill9()
     await fixture.shutdown()
   }

@@ -163,7 +163,10 @@ private actor CheckDriver {
         let next = book.settled(plan)
         book.moved(to: next, after: plan)
         book.moved(tokens: book.tokens(after: plan))
-        if let token = book.tokens[adapter.recipe.stream] { print("  API cursor now \(token)") }
+        if let token = book.tokens[adapter.recipe.stream] {
+          // A cursor bound to its session is shown without the session's values (secrets).
+          print("  API cursor now \(RecipeAdapter.unbind(token)?.cursor ?? token)")
+        }
         print(
           before == book.cursors && tokensBefore == book.tokens
             ? "  cursor held at \(cursorText(book))" : "  cursor moved to \(cursorText(book))")

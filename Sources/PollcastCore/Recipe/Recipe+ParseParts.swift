@@ -49,7 +49,9 @@ extension RecipeReader {
       let members = object(value, path, keys: ["body", "header", "event", "const", "from", "name", "add", "unit"])
     else { return nil }
     var origins: [Recipe.Source.Origin] = []
-    if let body = pointer(members["body"], "\(path).body", wildcard: false) { origins.append(.body(body)) }
+    // A body pointer may hold one `*`: the first element or member that has the rest (CometD's `/*/ext/ack`, in
+    // whichever message of the answer's array is the connect reply).
+    if let body = pointer(members["body"], "\(path).body", wildcard: true) { origins.append(.body(body)) }
     if let header = string(members["header"], "\(path).header") {
       if let issue = OutgoingRequest.problem(inHeaderName: header) { problem("\(path).header", issue) }
       origins.append(.header(header))

@@ -78,7 +78,12 @@ enum RecipeAnswer {
   static func value(_ source: Recipe.Source, _ context: Context) -> RecipeValue? {
     var found: RecipeValue?
     switch source.origin {
-    case .body(let pointer): found = context.json?.resolve(pointer: pointer).flatMap(value(of:))
+    case .body(let pointer):
+      if pointer.contains("/*") {
+        found = context.json.flatMap { resolveAll($0, pointer).lazy.compactMap(value(of:)).first }
+      } else {
+        found = context.json?.resolve(pointer: pointer).flatMap(value(of:))
+      }
     case .event(let pointer): found = context.event?.resolve(pointer: pointer).flatMap(value(of:))
     case .header(let name): found = context.header(name).map { RecipeValue(text: $0) }
     case .constant(let constant): found = constant

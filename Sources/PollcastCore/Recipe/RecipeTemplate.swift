@@ -119,6 +119,17 @@ struct RecipeScope {
   /// Whether `{cursor}` is the opaque text rather than the integer.
   var opaque = false
 
+  /// An opaque cursor's value: in a JSON body, `"{cursor}"` alone is a number when the API's cursor is an integer
+  /// (CometD's `ext.ack`, which servers read as a number), and a string otherwise.
+  static func opaqueValue(_ token: String) -> RecipeValue {
+    let digits = token.utf8.drop { $0 == UInt8(ascii: "-") }
+    let integer =
+      !digits.isEmpty && digits.count < 19 && digits.count + 1 >= token.utf8.count
+      && digits.allSatisfy { (0x30...0x39).contains($0) } && (digits.first != 0x30 || digits.count == 1)
+      && token != "-0"
+    return RecipeValue(text: token, json: integer ? token : nil)
+  }
+
   /// An opaque cursor in parts (`{cursor.PART}`): the token is their JSON object.
   var cursorParts: [String: String] {
     guard let token, token.hasPrefix("{"), let json = try? RawJSON.parse(token), case .object(let members) = json.value
@@ -133,7 +144,7 @@ struct RecipeScope {
     case .name(let name) where name.hasPrefix("cursor."):
       cursorParts[String(name.dropFirst(7))].map { RecipeValue(text: $0) }
     case .name(let name): values[name]
-    case .cursor: opaque ? token.map { RecipeValue(text: $0) } : cursor.map(RecipeValue.init)
+    case .cursor: opaque ? token.map(RecipeScope.opaqueValue) : cursor.map(RecipeValue.init)
     case .next: cursor.map { RecipeValue($0 == .max ? $0 : $0 + 1) }
     case .env(let name, let fallback): (environment[name] ?? fallback).map { RecipeValue(text: $0) }
     case .credential: credential.map { RecipeValue(text: $0) }

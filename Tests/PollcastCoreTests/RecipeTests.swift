@@ -184,6 +184,25 @@ import Testing
     }
   }
 
+  @Test func aStoredEventsDedupeKeyIsReadFromItsMessage() {
+    func stored(_ text: String, type: String? = nil) -> StoredEvent {
+      StoredEvent(id: 5, stream: "c", upstreamID: 5, unixTime: 0, bytes: ByteSlice(Array(text.utf8)), type: type)
+    }
+    // The envelope as the SSE encoder frames it, split over two data lines where the API's text had a newline.
+    let frame = stored(
+      "id: 5\ndata: {\"stream\":\"c\",\"upstream_id\":\"7-g1\",\"backlog\":false,\"message\":{\"id\":\"doc\",\n"
+        + "data: \"changes\":[{\"rev\":\"1-ab\"}]}}\n\n")
+    #expect(RecipeAnswer.dedupeKey(stored: frame, ["/id", "/changes/0/rev"]) == "doc\u{1F}1-ab")
+    #expect(RecipeAnswer.dedupeKey(stored: frame, ["/id", "/missing"]) == nil)
+    #expect(
+      RecipeAnswer.dedupeKey(stored: stored("id: 5\ndata: {\"state\":\"live\"}\n\n", type: "upstream"), ["/id"]) == nil)
+    #expect(RecipeAnswer.dedupeKey(stored: stored("id: 5\ndata: not json\n\n"), ["/id"]) == nil)
+    let position = FeedPosition(
+      stored: FeedPosition(streams: ["c"], cursors: ["c": 5]), events: [frame],
+      keys: { RecipeAnswer.dedupeKey(stored: $0, ["/id"]) }, window: 16)
+    #expect(position.recentKeys["c"]?.contains("doc") == true)
+  }
+
   @Test func aBoundCursorCarriesItsSessionAndAnyOtherTextIsNot() {
     let bound = RecipeAdapter.bind("2003", session: ["queue_id": "1517975029:1"])
     #expect(RecipeAdapter.unbind(bound)?.cursor == "2003")

@@ -166,6 +166,8 @@ extension RecipeShapesTests {
     let lastID = client.events.last { $0.hadID && $0.type == "message" }?.lastEventID
     node.kill9()
     try await Task.sleep(for: .milliseconds(300))
+    // The first poll after the restart redelivers the last changes: the stored events' keys drop them.
+    await fixture.queue([.duplicate])
     node = try relay("couchdb.json", store: store, log: logs.files[0], environment: environment)
     try await waitReady(port: node.port, timeout: 10 * timingFactor)
     client = try TestSSEClient(port: node.port, headers: lastID.map { [("Last-Event-ID", $0)] } ?? [])
@@ -186,7 +188,7 @@ extension RecipeShapesTests {
     #expect(received.allSatisfy { $0.seq == LegacyFixture.couchSeq($0.id) }, "upstream_id is CouchDB's own seq")
     #expect(client.events.allSatisfy { $0.type != "reset" })
     let stats = await fixture.statistics()
-    #expect(stats.faultsApplied == 2, "both redeliveries were served")
+    #expect(stats.faultsApplied == 3, "the three redeliveries were served")
     #expect(!logs.tails().contains("YWRtaW46c2VjcmV0"), "the Authorization value is never logged")
     node.kill9()
     await fixture.shutdown()

@@ -120,6 +120,12 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     sessionRestored = true
   }
 
+  public var storedKeys: (key: @Sendable (StoredEvent) -> String?, window: Int)? {
+    guard recipe.cursor.opaque, let dedupe = recipe.cursor.dedupe else { return nil }
+    let pointers = dedupe.keys
+    return ({ RecipeAnswer.dedupeKey(stored: $0, pointers) }, dedupe.window)
+  }
+
   public func prepare(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> UpstreamPreparation
   {

@@ -437,8 +437,7 @@ enum RecipeAnswer {
         repairedText?.repaired(offset: element.offset, count: element.text.count) ?? !text.repairs.isEmpty
       messages.append(UpstreamMessage(id: id, raw: element.rawText, repaired: repaired, label: opaque ? shown : nil))
       if opaque, let dedupe = recipe.cursor.dedupe {
-        let parts = dedupe.keys.map { element.resolve(pointer: $0).map { value(of: $0)?.text ?? "null" } }
-        keys.append(parts.contains { $0 == nil } ? nil : parts.map { $0! }.joined(separator: "\u{1F}"))
+        keys.append(dedupeKey(element, dedupe.keys))
       } else {
         keys.append(nil)
       }
@@ -460,6 +459,28 @@ enum RecipeAnswer {
       ]
     }
     return PollVerdict(action: .answer(answer), rule: rule, keys: keys)
+  }
+
+  /// An event's dedupe key: the values at `pointers`, joined; nil when one is missing.
+  static func dedupeKey(_ event: RawJSON, _ pointers: [String]) -> String? {
+    let parts = pointers.map { event.resolve(pointer: $0).map { value(of: $0)?.text ?? "null" } }
+    return parts.contains { $0 == nil } ? nil : parts.map { $0! }.joined(separator: "\u{1F}")
+  }
+
+  /// The dedupe key of an event as stored: its SSE frame's data is the relay's envelope, whose `message` is the
+  /// event as the API sent it.
+  static func dedupeKey(stored event: StoredEvent, _ pointers: [String]) -> String? {
+    guard event.type == nil || event.type == "message" else { return nil }
+    let text = String(decoding: event.bytes.bytes, as: UTF8.self)
+    var data: [Substring] = []
+    for line in text.split(separator: "\n", omittingEmptySubsequences: false) where line.hasPrefix("data:") {
+      let value = line.dropFirst(5)
+      data.append(value.first == " " ? value.dropFirst() : value)
+    }
+    guard !data.isEmpty, let envelope = try? RawJSON.parse(data.joined(separator: "\n")),
+      let message = envelope["message"]
+    else { return nil }
+    return dedupeKey(message, pointers)
   }
 
   /// An opaque cursor's next text from an answer: one source's value, or the parts as a JSON object (a part the

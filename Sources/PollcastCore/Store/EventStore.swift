@@ -72,6 +72,9 @@ public struct FeedPosition: Sendable, Equatable {
   /// upstream that resends its last page after a restart is then recognised as resending (dropped), not as ids
   /// going backwards (relayed again).
   var recent: [String: RecentIDs] = [:]
+  /// The dedupe keys stored lately per stream (opaque-cursor recipes; in memory only, rebuilt from the stored
+  /// events' messages): an API that redelivers right after a restart is not relayed twice.
+  var recentKeys: [String: RecentKeys] = [:]
 
   public init(streams: [String], cursors: [String: UInt64], tokens: [String: String] = [:]) {
     self.streams = streams

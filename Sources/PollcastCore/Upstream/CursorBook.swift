@@ -15,7 +15,8 @@ struct CursorBook: Sendable {
   /// Upstream ids relayed lately, per stream: an id at or below the cursor that is among them is a resend (a
   /// duplicate); one that is not means the upstream's ids went backwards.
   private(set) var recent: [String: RecentIDs] = [:]
-  /// Dedupe keys stored lately, per stream (opaque-cursor recipes; in memory, rebuilt empty after a restart).
+  /// Dedupe keys stored lately, per stream (opaque-cursor recipes; in memory, rebuilt from the stored events'
+  /// messages after a restart).
   private(set) var recentKeys: [String: RecentKeys] = [:]
   /// Whether a session was prepared before (a stream seen later is attached, and starts from the server's newest).
   private(set) var hadSession = false
@@ -30,13 +31,16 @@ struct CursorBook: Sendable {
     cursors = position.cursors
     tokens = position.tokens
     recent = position.recent
+    recentKeys = position.recentKeys
     hadSession = true
     restored = true
   }
 
   var position: UpstreamWorker.Position? {
-    streams.isEmpty
-      ? nil : UpstreamWorker.Position(streams: streams, cursors: cursors, tokens: tokens, recent: recent)
+    guard !streams.isEmpty else { return nil }
+    var position = UpstreamWorker.Position(streams: streams, cursors: cursors, tokens: tokens, recent: recent)
+    position.recentKeys = recentKeys
+    return position
   }
 
   /// The upstream's ids moved below the relay's cursor: the relay follows the server, and tells clients.
@@ -251,14 +255,22 @@ extension FeedPosition {
     self.recent = recent
   }
 
-  /// A position read from the store: the stored events' upstream ids count as relayed lately.
-  public init(stored: FeedPosition, events: [StoredEvent]) {
+  /// A position read from the store: the stored events' upstream ids count as relayed lately, and so do their
+  /// dedupe keys as `keys` reads them from a stored event (an opaque-cursor recipe's `cursor.dedupe`), kept up to
+  /// `window` per stream.
+  public init(
+    stored: FeedPosition, events: [StoredEvent], keys: ((StoredEvent) -> String?)? = nil,
+    window: Int = 4096
+  ) {
     var recent: [String: RecentIDs] = [:]
+    var recentKeys: [String: RecentKeys] = [:]
     for event in events {
       guard let stream = event.stream, let id = event.upstreamID else { continue }
       recent[stream, default: RecentIDs()].insert(id)
+      if let key = keys?(event) { recentKeys[stream, default: RecentKeys(capacity: window)].insert(key) }
     }
     self.init(streams: stored.streams, cursors: stored.cursors, tokens: stored.tokens, recent: recent)
+    self.recentKeys = recentKeys
   }
 }
 

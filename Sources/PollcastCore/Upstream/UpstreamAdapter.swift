@@ -116,6 +116,9 @@ public protocol UpstreamAdapter: AnyObject, Sendable {
   /// Before the first `prepare` of a worker restored from a stored position: the opaque cursors it polls on from.
   /// An adapter whose cursors carry their session (`Recipe.Cursor.session`) takes it up again from them.
   func restore(tokens: [String: String])
+  /// An opaque-cursor API's dedupe key of a stored event (its message as relayed), and how many are kept: a
+  /// restarted relay remembers what it stored, so a redelivery right after the restart is dropped. nil: none.
+  var storedKeys: (key: @Sendable (StoredEvent) -> String?, window: Int)? { get }
   /// Whether `prepare` reads the server's newest ids (a resync is worth a call).
   var canSync: Bool { get }
   /// Per-user relaying: whose account the adapter's credential opens. An API with a session step creates the
@@ -135,6 +138,7 @@ public struct UpstreamIdentity: Sendable, Equatable {
 
 extension UpstreamAdapter {
   public func restore(tokens: [String: String]) {}
+  public var storedKeys: (key: @Sendable (StoredEvent) -> String?, window: Int)? { nil }
 
   // No default for `isolation` here: a call without it would bind statically to this and skip the adapter's own.
   public func identify(_ client: UpstreamClient, isolation: isolated (any Actor)?)

@@ -94,7 +94,8 @@ public actor UpstreamWorker {
   /// Before `start()`: poll on from a position read from the store, the stored events' upstream ids counting as
   /// relayed lately (an upstream that resends its last page after the restart is not relayed twice).
   public func restore(_ stored: FeedPosition, events: [StoredEvent]) {
-    restore(Position(stored: stored, events: events))
+    let keys = adapter.storedKeys
+    restore(Position(stored: stored, events: events, keys: keys?.key, window: keys?.window ?? RecentKeys.capacity))
   }
 
   /// Called (on the loop) when `settings.stopWhenKeyRefused` is set and the upstream refused the key.

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Live heap of a heaptrack recording at one moment, grouped by the first matching frame.
+
+Usage: Benchmarks/heap_live.py RECORDING.zst AT_MS [FRAME ...]
+
+Replays heaptrack's own event stream (allocations, frees, traces; `zstd -dc`) up to AT_MS, then prints the bytes
+still allocated, grouped by the first of FRAME (substrings of function names) found in each allocation's stack,
+with the largest allocation sizes of each group ("4097B×2000": 2,000 live allocations of 4,097 bytes). Divide by
+the number of accounts for a per-account figure. heaptrack's own peak report shows the connect storm; this shows
+the steady state.
+"""
+import collections
+import subprocess
+import sys
+
+
+def main():
+    path, at_ms = sys.argv[1], float(sys.argv[2])
+    keys = sys.argv[3:]
+    strings, ips, traces, allocs = [None], [None], [None], []
+    live = collections.Counter()
+    proc = subprocess.Popen(["zstd", "-dc", path], stdout=subprocess.PIPE, text=True)
+    now = 0
+    for line in proc.stdout:
+        kind = line[0]
+        if kind == "+":
+            live[int(line[2:], 16)] += 1
+        elif kind == "-":
+            live[int(line[2:], 16)] -= 1
+        elif kind == "a":
+            _, size, trace = line.split()
+            allocs.append((int(size, 16), int(trace, 16)))
+        elif kind == "t":
+            _, ip, parent = line.split()
+            traces.append((int(ip, 16), int(parent, 16)))
+        elif kind == "i":
+            parts = line.split()
+            ips.append(strings[int(parts[3], 16)] if len(parts) > 3 else parts[1])
+        elif kind == "s":
+            body = line[2:].strip()
+            strings.append(body.split(" ", 1)[1] if " " in body else "")
+        elif kind == "c":
+            now = int(line[2:], 16)
+            if now >= at_ms:
+                break
+    proc.kill()
+
+    def frames(trace):
+        found = []
+        while trace and len(found) < 40:
+            ip, parent = traces[trace]
+            found.append(ips[ip] or "?")
+            trace = parent
+        return found
+
+    groups = collections.defaultdict(collections.Counter)
+    total = 0
+    for index, count in live.items():
+        if count <= 0:
+            continue
+        size, trace = allocs[index]
+        stack = frames(trace)
+        total += size * count
+        label = next((key for key in keys if any(key in frame for frame in stack)), "other")
+        groups[label][size] += count
+    print(f"live at {now} ms: {total / 1e6:.2f} MB")
+    for label, sizes in sorted(groups.items(), key=lambda item: -sum(s * c for s, c in item[1].items())):
+        held = sum(s * c for s, c in sizes.items())
+        top = ", ".join(f"{s}B×{c}" for s, c in sorted(sizes.items(), key=lambda sc: -sc[0] * sc[1])[:5])
+        print(f"{held / 1e6:8.2f} MB  {label}: {top}")
+
+
+if __name__ == "__main__":
+    main()

@@ -55,7 +55,7 @@ let package = Package(
     ),
     .target(
       name: "PollcastBench",
-      dependencies: ["PollcastCore", "CLibevent", "CJWT"]
+      dependencies: ["PollcastCore", "CLibevent", "CJWT", "LegacyFixture"]
     ),
     .executableTarget(
       name: "pollcast-bench",

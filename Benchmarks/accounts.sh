@@ -8,7 +8,7 @@
 # IDLE_SECONDS must be longer than two poll holds (HOLD, default 25 s) for the idle figure to include re-polls: the
 # script refuses a shorter one. HOLD sets both the relay's poll timeout and the fixture's longest hold.
 # FIXTURE_ARGS adds fixture options, e.g. FIXTURE_ARGS="--answer-delay-ms 200" (a slow legacy API) or
-# "--stall-fraction 0.5" (half the accounts' polls never answered).
+# "--stall-fraction 0.5" (half the accounts' polls never answered; the bench then sends no message to them).
 # ADAPTER=generic polls the fixture's single-stream /api/feed with each subscriber's key as a Bearer header (the
 # generic adapter, a built-in recipe since issue 22) instead of the chat API's session/poll.
 # STORE=sqlite keeps every account's ring, ids and cursors in a fresh SQLite file per run.
@@ -26,6 +26,14 @@ hold=${HOLD:-25}
 # relay one upstream connection and one per subscriber; this machine's hard RLIMIT_NOFILE is 20,000 per process).
 per_account=${SUBSCRIBERS_PER_ACCOUNT:-2}
 read -r -a fixture_args <<<"${FIXTURE_ARGS:-}"
+# The bench must know which accounts the fixture stalls (their messages are never answered, by design).
+bench_extra=()
+for ((i = 0; i < ${#fixture_args[@]}; i++)); do
+  if [ "${fixture_args[$i]}" = --stall-fraction ]; then bench_extra+=(--stall-fraction "${fixture_args[$((i + 1))]}"); fi
+done
+# LAG_SAMPLE_MS: scrape the relay's loop lag every MS ms in the idle and message phases (each scrape costs the
+# relay a /metrics render, which the idle CPU figure then includes): reports lag_max_idle_ms, lag_max_messages_ms.
+if [ -n "${LAG_SAMPLE_MS:-}" ]; then bench_extra+=(--lag-sample-ms "$LAG_SAMPLE_MS"); fi
 if ! python3 -c "import sys; sys.exit(0 if float('$idle') > 2 * float('$hold') else 1)"; then
   echo "IDLE_SECONDS ($idle) must be longer than two poll holds (2 × $hold s): the idle figure would hold no re-poll" >&2
   exit 64
@@ -62,7 +70,7 @@ for run in $(seq 1 "$runs"); do
   relay=$(head -1 "$work/relay.out" | sed 's/listening on //')
   taskset -c 1 "$bin/pollcast-bench" --target "http://$relay/events" --inject "fixture:http://$fixture" \
     --accounts "$accounts" --subscribers $((accounts * per_account)) --messages "$messages" --rate "$rate" \
-    --idle-seconds "$idle" --connect-batch 200 --sources 16 --relay-pid "$pid" --label "accounts" >"$work/bench.out" 2>&1 || true
+    --idle-seconds "$idle" --connect-batch 200 --sources 16 --relay-pid "$pid" --label "accounts" ${bench_extra[@]+"${bench_extra[@]}"} >"$work/bench.out" 2>&1 || true
   grep -v '^SUMMARY' "$work/bench.out" | sed "s/^/run $run: /"
   if ! kill "$pid" 2>/dev/null; then echo "run $run: the relay died:"; tail -30 "$work/relay.err"; fi
   wait "$pid" 2>/dev/null || true
@@ -78,6 +86,6 @@ def med(key):
     return statistics.median(values) if values else float("nan")
 print(f"runs {len(rows)}: median over runs")
 for key in ["max_polls_per_account", "lost", "dup", "foreign", "cpu_us_per_delivery", "p50_ms", "p99_ms",
-            "rss_kb_per_account", "rss_kb_per_extra_sub", "idle_cpu_pct", "deliveries", "connected", "sessions"]:
+            "rss_kb_per_account", "rss_kb_per_extra_sub", "idle_cpu_pct", "lag_max_idle_ms", "lag_max_messages_ms", "deliveries", "connected", "sessions"]:
     print(f"  {key}: {med(key):g}   (runs: {', '.join(r.get(key, '?') for r in rows)})")
 PY

@@ -28,6 +28,12 @@ public struct BenchOptions: Sendable {
   /// Per-user relaying (`auth.mode = upstream`): subscriber i presents the fixture key `key-<1000 + i % A>`, and
   /// each message goes to one account picked at random; 0 is off.
   public var accounts = 0
+  /// The fixture's `--stall-fraction`: messages go only to accounts whose polls the fixture answers (the same
+  /// hash of the user id picks the stalled ones), so the stalled accounts' loss is not counted as the relay's.
+  public var stallFraction = 0.0
+  /// Sample the relay's `pollcast_event_loop_lag_seconds` every this many ms during the idle and message phases
+  /// and report each phase's largest (0: off; a scrape costs the relay CPU, so the idle figure includes it).
+  public var lagSampleMilliseconds = 0.0
   /// Messages per injection (the fixture takes a list): batches of this size reach the relay as one answer.
   public var batch = 1
   /// `--mode store`: the SQLite file to commit to (created; removed afterwards) and its `synchronous` setting.
@@ -58,6 +64,9 @@ public struct BenchOptions: Sendable {
                           key-<1000 + i mod A>, each message goes to a random account; reports polls in flight
                           per account, RSS per account and per subscriber, and relay CPU idle over --idle-seconds
                           with every account's poll hanging (before the messages)
+      --stall-fraction F  the fixture's --stall-fraction: messages skip the accounts it never answers
+      --lag-sample-ms MS  scrape the relay's /metrics every MS ms in the idle and message phases and report the
+                          largest loop lag of each (the relay's probe ticks every 500 ms)
     The last line is a machine-readable summary: SUMMARY key=value …
     """
 
@@ -110,6 +119,12 @@ public struct BenchOptions: Sendable {
       case "--label": options.label = try value(name)
       case "--mint-tokens": options.mintTokens = try value(name)
       case "--accounts": options.accounts = Int(try number(name))
+      case "--stall-fraction":
+        options.stallFraction = try number(name)
+        guard options.stallFraction < 1 else {
+          throw BenchError("--stall-fraction: below 1 (some account must answer)")
+        }
+      case "--lag-sample-ms": options.lagSampleMilliseconds = try number(name)
       case "--relay-pid":
         options.relayPIDs = try value(name).split(separator: ",").map {
           guard let pid = Int32($0) else { throw BenchError("--relay-pid: not a pid: \($0)") }

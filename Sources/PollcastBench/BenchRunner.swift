@@ -1,5 +1,6 @@
 import CLibevent
 import Foundation
+import LegacyFixture
 import PollcastCore
 
 /// Drives one benchmark run. Loop-confined state; `run()` orchestrates from outside the loop with `submit`.
@@ -52,6 +53,13 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   /// `--accounts`: the account each message went to (by sequence), and messages sent per account.
   private var messageAccount: [Int] = []
   private var sentPerAccount: [Int] = []
+  /// The accounts messages may go to: all but those the fixture stalls (`--stall-fraction`).
+  private var answeringAccounts: [Int] = []
+  /// `--lag-sample-ms`: the largest `pollcast_event_loop_lag_seconds` seen since the phase began, and the scrape.
+  private var lagMax = 0.0
+  private var lagSamples = 0
+  private var lagTimer: LoopTimer?
+  private var lagScrapeInFlight = false
   private var random = SystemRandomNumberGenerator()
 
   public init(options: BenchOptions, loop: EventLoop) {
@@ -84,9 +92,19 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     )
     if options.accounts > 0 {
       let keys = (0..<options.subscribers).map { "key-\(1000 + $0 % options.accounts)" }
+      var stallRule = LegacyFixture.Options()
+      stallRule.stallFraction = options.stallFraction
+      let answering = (0..<options.accounts).filter { !stallRule.stalls(String(1000 + $0)) }
+      guard !answering.isEmpty else { throw BenchError("--stall-fraction leaves no account that answers") }
       await loop.submit { [self] in
         tokens = keys
         sentPerAccount = Array(repeating: 0, count: options.accounts)
+        answeringAccounts = answering
+      }
+      if options.stallFraction > 0 {
+        print(
+          "accounts the fixture stalls: \(options.accounts - answering.count) of \(options.accounts) (no messages go to them)"
+        )
       }
     }
     if let spec = options.mintTokens {
@@ -169,9 +187,16 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
         if parked < want { try await Task.sleep(for: .milliseconds(200)) }
       }
       print("fixture polls hanging: \(parked) for \(want) accounts")
+      await loop.submit { [self] in startLagPhase() }
       let before = ProcessSample.take(options.relayPIDs)
       try await Task.sleep(for: .seconds(options.idleSeconds))
       let after = ProcessSample.take(options.relayPIDs)
+      if let lag = await loop.submit({ [self] in endLagPhase() }) {
+        print(
+          String(
+            format: "relay loop lag, largest sampled while idle: %.1f ms (%d samples)", lag.max * 1000, lag.samples))
+        summary.append(("lag_max_idle_ms", String(format: "%.1f", lag.max * 1000)))
+      }
       if let before, let after {
         let share = (after.cpuSeconds - before.cpuSeconds) / options.idleSeconds * 100
         print(
@@ -195,6 +220,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       return summaryLine(summary)
     }
 
+    await loop.submit { [self] in startLagPhase() }
     let cpuBefore = ProcessSample.take(options.relayPIDs)
     if options.mode == .storm { await loop.submit { [self] in stormAt = options.messages / 2 } }
     await loop.submit { [self] in startInjecting() }
@@ -208,9 +234,16 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       distinct.indices.allSatisfy { distinct[$0] >= expected(for: $0) }
     }
     let cpuAfter = ProcessSample.take(options.relayPIDs)
+    if let lag = await loop.submit({ [self] in endLagPhase() }) {
+      print(
+        String(
+          format: "relay loop lag, largest sampled with messages: %.1f ms (%d samples)", lag.max * 1000, lag.samples))
+      summary.append(("lag_max_messages_ms", String(format: "%.1f", lag.max * 1000)))
+    }
     let report = await loop.submit { [self] in measure() }
     await loop.submit { [self] in
       injectTimer = nil
+      lagTimer = nil
       for subscriber in subscribers { subscriber.close() }
     }
     print(report.text)
@@ -232,6 +265,43 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       summary.append(("cpu_user_share", String(format: "%.2f", userShare)))
     }
     return summaryLine(summary)
+  }
+
+  // MARK: Loop lag (`--lag-sample-ms`)
+
+  /// Starts sampling the relay's loop lag anew (on the loop); nothing when sampling is off.
+  private func startLagPhase() {
+    guard options.lagSampleMilliseconds > 0, let target = targets.first else { return }
+    lagMax = 0
+    lagSamples = 0
+    guard lagTimer == nil else { return }
+    let url = "http://\(target.host)/metrics"
+    let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in self?.scrapeLag(url) }
+    timer.schedule(after: options.lagSampleMilliseconds / 1000)
+    lagTimer = timer
+  }
+
+  /// The phase's largest sampled lag (on the loop); nil when sampling is off.
+  private func endLagPhase() -> (max: Double, samples: Int)? {
+    guard lagTimer != nil else { return nil }
+    return (lagMax, lagSamples)
+  }
+
+  private func scrapeLag(_ url: String) {
+    guard !lagScrapeInFlight else { return }
+    lagScrapeInFlight = true
+    transport.start(UpstreamRequest(url: url, timeout: 5, label: "metrics")) { [self] outcome in
+      lagScrapeInFlight = false
+      guard case .success(let response) = outcome, response.status == 200 else { return }
+      let prefix = "pollcast_event_loop_lag_seconds "
+      let text = String(decoding: response.body, as: UTF8.self)
+      for line in text.split(separator: "\n") where line.hasPrefix(prefix) {
+        if let lag = Double(line.dropFirst(prefix.count)) {
+          lagMax = max(lagMax, lag)
+          lagSamples += 1
+        }
+      }
+    }
   }
 
   /// GET `/_control/stats` through the bench's own transport.
@@ -423,7 +493,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       let list = texts.map { "\"\($0)\"" }.joined(separator: ",")
       var user = "101"
       if options.accounts > 0 {
-        let account = Int.random(in: 0..<options.accounts, using: &random)
+        let account = answeringAccounts.randomElement(using: &random) ?? 0
         messageAccount.append(account)
         sentPerAccount[account] += 1
         user = String(1000 + account)

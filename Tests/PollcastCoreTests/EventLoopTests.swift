@@ -12,4 +12,31 @@ import Testing
       #expect(!loop.isRunning)
     }
   }
+
+  /// `nextTurn` returns only after the loop made a pass: a timer already due fires first (a `Task.yield` on the
+  /// loop would run again in the same drain, before any socket or timer).
+  @Test func nextTurnLetsDueWorkRunFirst() async throws {
+    let loop = try EventLoop()
+    loop.start()
+    defer { loop.stop() }
+    let turns = TurnProbe(loop: loop)
+    #expect(await turns.run() == ["timer", "after the turn"])
+  }
+}
+
+private actor TurnProbe {
+  let loop: EventLoop
+  var order: [String] = []
+  var timer: LoopTimer?
+  init(loop: EventLoop) { self.loop = loop }
+  nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+  func run() async -> [String] {
+    let timer = LoopTimer(loop: loop) { [weak self] in self?.assumeIsolated { $0.order.append("timer") } }
+    timer.schedule(after: 0)
+    self.timer = timer
+    await loop.nextTurn()
+    order.append("after the turn")
+    return order
+  }
 }

@@ -121,6 +121,15 @@ import Testing
       let accounts = await harness.hub.statistics()
       #expect(accounts.activeAccounts == 1)
       #expect(accounts.maxPollsInFlightPerAccount == 1)
+      // `/metrics` sums the accounts in turns (the loop serves others between them): the same figures.
+      let inTurns = await harness.hub.statisticsInTurns(turn: 1)
+      #expect(inTurns.subscribers == accounts.subscribers && inTurns.subscribers == 3)
+      #expect(inTurns.feeds.eventsPublished == accounts.feeds.eventsPublished)
+      #expect(inTurns.pollsInFlight == accounts.pollsInFlight)
+      #expect(inTurns.maxPollsInFlightPerAccount == 1)
+      let metrics = try httpGet(port: harness.port, "/metrics")
+      #expect(metrics.status == 200)
+      #expect(metrics.body.contains("pollcast_accounts_active 1"), "\(metrics.body.prefix(2000))")
     }
   }
 

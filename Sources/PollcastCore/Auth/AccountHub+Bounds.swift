@@ -100,36 +100,39 @@ extension AccountHub {
   // MARK: Introspection and shutdown
 
   public func statistics() -> Statistics {
+    var tally = StatisticsTally(retired: retiredFeeds)
+    for account in accounts.values { tally.add(account) }
+    return finish(tally)
+  }
+
+  /// `statistics()` in turns of `turn` accounts, the loop serving everything else between turns: `/metrics` over
+  /// 9,000 accounts took ~16 ms of the loop in one piece (a stall every stream felt, on every scrape).
+  ///
+  /// The figures stay consistent, and the counters never go back between scrapes: the accounts and the retired
+  /// feeds' sum are taken together at the start. An account evicted during the walk is counted once, from its
+  /// (stopped) feed, and not again through the retired sum. An account that appears during the walk is counted at
+  /// the next scrape, from zero.
+  public func statisticsInTurns(turn: Int = 1000) async -> Statistics {
+    let walk = Array(accounts.values)
+    var tally = StatisticsTally(retired: retiredFeeds)
+    for (index, account) in walk.enumerated() {
+      if index > 0, index % turn == 0 { await loop.nextTurn() }
+      tally.add(account)
+    }
+    return finish(tally)
+  }
+
+  private func finish(_ tally: StatisticsTally) -> Statistics {
     var snapshot = stats
     snapshot.activeAccounts = activeCount
     snapshot.retainedAccounts = accounts.count
     snapshot.pendingChecks = checking.count
-    var inFlight = 0
-    var maxPerAccount = 0
-    var subscribers = 0
-    var feeds = retiredFeeds
-    var replication: FeedReplica.Statistics?
-    var leasesHeld: Int?
-    for account in accounts.values {
-      subscribers += account.subscribers
-      feeds.absorb(account.feed.assumeIsolated { $0.statistics() })
-      // A store shared across nodes: what the accounts' lease owners did here.
-      if let (figures, role) = account.owner.replicationOnLoop() {
-        replication = replication ?? FeedReplica.Statistics()
-        replication?.absorb(figures)
-        leasesHeld = (leasesHeld ?? 0) + (role == .leader ? 1 : 0)
-      }
-      guard let worker = account.worker else { continue }
-      let (now, most) = worker.assumeIsolated { ($0.statistics.pollsInFlight, $0.statistics.maxPollsInFlight) }
-      inFlight += now
-      maxPerAccount = max(maxPerAccount, most)
-    }
-    snapshot.pollsInFlight = inFlight
-    snapshot.maxPollsInFlightPerAccount = maxPerAccount
-    snapshot.subscribers = subscribers
-    snapshot.feeds = feeds
-    snapshot.replication = replication
-    snapshot.leasesHeld = leasesHeld
+    snapshot.pollsInFlight = tally.inFlight
+    snapshot.maxPollsInFlightPerAccount = tally.maxPerAccount
+    snapshot.subscribers = tally.subscribers
+    snapshot.feeds = tally.feeds
+    snapshot.replication = tally.replication
+    snapshot.leasesHeld = tally.leasesHeld
     return snapshot
   }
 
@@ -161,5 +164,32 @@ extension AccountHub {
       ended += await account.feed.finishAll(comment: comment, spread: spread)
     }
     return ended
+  }
+}
+
+/// The per-account part of `AccountHub.statistics()`, summed one account at a time (on the loop).
+struct StatisticsTally {
+  var inFlight = 0
+  var maxPerAccount = 0
+  var subscribers = 0
+  var feeds: FeedStatistics
+  var replication: FeedReplica.Statistics?
+  var leasesHeld: Int?
+
+  init(retired: FeedStatistics) { feeds = retired }
+
+  mutating func add(_ account: AccountHub.Account) {
+    subscribers += account.subscribers
+    feeds.absorb(account.feed.assumeIsolated { $0.statistics() })
+    // A store shared across nodes: what the accounts' lease owners did here.
+    if let (figures, role) = account.owner.replicationOnLoop() {
+      replication = replication ?? FeedReplica.Statistics()
+      replication?.absorb(figures)
+      leasesHeld = (leasesHeld ?? 0) + (role == .leader ? 1 : 0)
+    }
+    guard let worker = account.worker else { return }
+    let (now, most) = worker.assumeIsolated { ($0.statistics.pollsInFlight, $0.statistics.maxPollsInFlight) }
+    inFlight += now
+    maxPerAccount = max(maxPerAccount, most)
   }
 }

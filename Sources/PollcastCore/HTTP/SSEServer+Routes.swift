@@ -76,10 +76,21 @@ extension SSEServer {
         methodNotAllowed(request, allow: (route.methods.sorted() + ["OPTIONS"]).joined(separator: ", "), cors: cors)
         return
       }
-      let answer = route.handler()
-      request.respond(
-        status: answer.status, reason: reasonPhrase(answer.status), contentType: answer.contentType,
-        body: request.method == .head ? "" : answer.body, headers: cors + [("Cache-Control", "no-store")])
+      let head = request.method == .head
+      if let handler = route.handler {
+        let answer = handler()
+        request.respond(
+          status: answer.status, reason: reasonPhrase(answer.status), contentType: answer.contentType,
+          body: head ? "" : answer.body, headers: cors + [("Cache-Control", "no-store")])
+      } else if let handler = route.asyncHandler {
+        park(
+          request, { _ in await handler() },
+          then: { _, request, answer in
+            request.respond(
+              status: answer.status, reason: reasonPhrase(answer.status), contentType: answer.contentType,
+              body: head ? "" : answer.body, headers: cors + [("Cache-Control", "no-store")])
+          })
+      }
       return
     }
     request.respondError(status: 404, reason: "Not Found", message: "no such path: \(path)", headers: cors)

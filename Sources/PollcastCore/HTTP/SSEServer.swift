@@ -32,14 +32,21 @@ public actor SSEServer {
 
   /// A handler for a plain (non-streaming) endpoint: returns status, content type and body.
   public struct Route: Sendable {
+    public typealias Answer = (status: Int32, contentType: String, body: String)
     public var methods: Set<String>
-    public var handler: @Sendable () -> (status: Int32, contentType: String, body: String)
-    public init(
-      methods: Set<String> = ["GET", "HEAD"],
-      handler: @escaping @Sendable () -> (status: Int32, contentType: String, body: String)
-    ) {
+    /// Answers at once, on the loop.
+    public var handler: (@Sendable () -> Answer)?
+    /// Answers later: the request is parked (a client that leaves frees it) while this runs on the loop, so a
+    /// long answer can be built in turns that let the loop serve everyone else between them (`/metrics` over
+    /// thousands of per-user accounts).
+    public var asyncHandler: (@Sendable () async -> Answer)?
+    public init(methods: Set<String> = ["GET", "HEAD"], handler: @escaping @Sendable () -> Answer) {
       self.methods = methods
       self.handler = handler
+    }
+    public init(methods: Set<String> = ["GET", "HEAD"], asyncHandler: @escaping @Sendable () async -> Answer) {
+      self.methods = methods
+      self.asyncHandler = asyncHandler
     }
   }
 
@@ -172,7 +179,7 @@ public actor SSEServer {
 
   /// Parks `request` (watched: a client that leaves frees it) while `work` runs, then answers it on the loop
   /// with the result, unless the client left meanwhile.
-  private func park<T: Sendable>(
+  func park<T: Sendable>(
     _ request: HTTPRequest, _ work: @escaping (isolated SSEServer) async -> T,
     then answer: @escaping (isolated SSEServer, HTTPRequest, T) -> Void
   ) {

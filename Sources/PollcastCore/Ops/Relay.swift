@@ -135,27 +135,37 @@ public final class Relay: Sendable {
         let body = JSONText.object(["ready": ready ? "true" : "false", "reason": JSONText.quoted(reason)]) + "\n"
         return (ready ? 200 : 503, "application/json", body)
       })
-    await server.addRoute(
-      "/metrics",
-      .init { [feed, worker, lagProbe, hub, owner, weak server] in
-        let stats = feed.assumeIsolated { $0.statistics() }
-        var store = feed.store.statistics()
-        owner.describeOnLoop(&store)
-        let upstream = worker?.assumeIsolated { $0.snapshot() }
-        let accounts = hub?.assumeIsolated { $0.statistics() }
-        // Per-user relaying on a shared store: the lease counters are the accounts' (and the shared feed's).
-        if let replication = accounts?.replication {
-          store.replication = store.replication ?? FeedReplica.Statistics()
-          store.replication?.absorb(replication)
-        }
-        let protection = server?.assumeIsolated { $0.protectionCounters }
-        return (
-          200, "text/plain; version=0.0.4; charset=utf-8",
-          Metrics.render(
-            stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag), protection: protection,
-            accounts: accounts, store: store)
-        )
-      })
+    // Renders on the loop, with the accounts' figures summed beforehand (per-user relaying) or none.
+    let renderMetrics: @Sendable (AccountHub.Statistics?) -> SSEServer.Route.Answer = {
+      [feed, worker, lagProbe, owner, weak server] accounts in
+      let stats = feed.assumeIsolated { $0.statistics() }
+      var store = feed.store.statistics()
+      owner.describeOnLoop(&store)
+      let upstream = worker?.assumeIsolated { $0.snapshot() }
+      // Per-user relaying on a shared store: the lease counters are the accounts' (and the shared feed's).
+      if let replication = accounts?.replication {
+        store.replication = store.replication ?? FeedReplica.Statistics()
+        store.replication?.absorb(replication)
+      }
+      let protection = server?.assumeIsolated { $0.protectionCounters }
+      return (
+        200, "text/plain; version=0.0.4; charset=utf-8",
+        Metrics.render(
+          stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag), protection: protection,
+          accounts: accounts, store: store)
+      )
+    }
+    if let hub {
+      // Thousands of accounts are summed in turns (`statisticsInTurns`): a scrape does not stall every stream.
+      await server.addRoute(
+        "/metrics",
+        .init(asyncHandler: { [loop] in
+          let accounts = await hub.statisticsInTurns()
+          return await loop.submit { renderMetrics(accounts) }
+        }))
+    } else {
+      await server.addRoute("/metrics", .init { renderMetrics(nil) })
+    }
     let address: String
     do {
       address = try await server.start()

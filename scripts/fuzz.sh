@@ -36,14 +36,25 @@ for target in "${targets[@]}"; do
   mkdir -p "$corpus" "$crashes"
   # The committed seeds are read, never written: new inputs go to the working corpus.
   log="$out/$target.log"
-  if POLLCAST_FUZZ_TARGET="$target" ASAN_OPTIONS=detect_leaks=0 "$binary" -max_total_time="$seconds" \
+  # No Swift backtracer: under ASan it reads memory ASan owns and reports its own "unknown-crash" in
+  # memserver_read instead of the trap (CI's store finding read so); libFuzzer's deadly-signal report names the line.
+  if POLLCAST_FUZZ_TARGET="$target" SWIFT_BACKTRACE=enable=no ASAN_OPTIONS=detect_leaks=0 "$binary" -max_total_time="$seconds" \
     -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$crashes/" "$corpus" "Fuzz/corpus/$target" \
     >"$log" 2>&1; then
     runs=$(grep -oE 'Done [0-9]+ runs' "$log" | grep -oE '[0-9]+' | tail -1 || true)
     echo "fuzz $target: ok, ${runs:-?} runs in ${seconds} s"
   else
     echo "fuzz $target: FAILED — see $log; inputs in $crashes"
-    tail -40 "$log"
+    # What failed first (the frames in our sources), then the end of the log, then each crashing input small
+    # enough to print, gzipped and base64-encoded: a CI log is all a failure on another machine leaves.
+    grep -m 12 -E "ERROR: |SUMMARY: |Fatal error|runtime failure| in .*(Fuzz|Sources)/" "$log" || true
+    tail -25 "$log"
+    for input in "$crashes"/*; do
+      [ -f "$input" ] && [ "$(stat -c %s "$input")" -le 65536 ] || continue
+      echo "input $(basename "$input") (gzip | base64; decode with: base64 -d | gunzip > input):"
+      gzip -9c "$input" | base64 -w 0
+      echo
+    done
     failed=1
   fi
 done

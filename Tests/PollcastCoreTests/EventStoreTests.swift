@@ -324,6 +324,32 @@ import Testing
     }
   }
 
+  /// A floor above the head is damage: loaded as it was, the next commit (above the head, below the floor) would never
+  /// be read back. CI's store fuzzer found such a file (a precondition trap, reported by ASan in the crash handler).
+  @Test func aStoredFloorAboveTheHeadIsCorruptNotAHiddenCommit() throws {
+    defer { try? FileManager.default.removeItem(at: directory) }
+    do {
+      let store = try SQLiteEventStore.open(path: path)
+      try commit(store, StoreBatch(feed: "shared", events: [event(5)], position: nil, headID: 5, floorID: 0))
+      store.close()
+    }
+    for floor in ["9", "-3"] {
+      var db: OpaquePointer?
+      #expect(sqlite3_open(path, &db) == SQLITE_OK)
+      #expect(sqlite3_exec(db, "UPDATE feeds SET floor_id = \(floor)", nil, nil, nil) == SQLITE_OK)
+      sqlite3_close(db)
+      let store = try SQLiteEventStore.open(path: path)
+      defer { store.close() }
+      do {
+        _ = try store.load(feed: "shared")
+        Issue.record("a floor of \(floor) above head 5 loaded")
+      } catch {
+        #expect(error.kind == .corrupt)
+        #expect(error.message.contains("above the head id 5"), "\(error.message)")
+      }
+    }
+  }
+
   @Test func aDamagedStoreIsCorruptAndResetOnlyWhenAsked() throws {
     defer { try? FileManager.default.removeItem(at: directory) }
     do {

@@ -177,6 +177,21 @@ import Testing
     }
   }
 
+  /// The meta hash's head and floor are checked as the SQLite store checks them: a floor above the head is damage.
+  @Test func aMetaFloorAboveTheHeadIsCorrupt() throws {
+    let address = try RedisAddress.parse("unix:///nonexistent/pollcast-redis.sock").get()
+    let store = RedisEventStore(address: address, logger: Logger(label: "test", level: .critical))
+    func meta(head: String, floor: String) -> [RedisReply] {
+      [.string(Array(head.utf8)), .string(Array(floor.utf8)), .null, .null, .null, .null]
+    }
+    #expect(try store.parseMeta(meta(head: "9", floor: "5"), feed: "shared").floorID == 5)
+    #expect {
+      _ = try store.parseMeta(meta(head: "5", floor: "9"), feed: "shared")
+    } throws: { error in
+      (error as? StoreError)?.kind == .corrupt && "\(error)".contains("floor id 9 is above the head id 5")
+    }
+  }
+
   /// A feed records the source that filled it: a node of another source gets `foreign` from the lease (it never
   /// leads or follows) and a load that names both; its commits are fenced by the script too.
   @Test func aFeedOfAnotherSourceIsNeverLedFollowedOrLoaded() async throws {

@@ -209,12 +209,18 @@ public struct StoredFeed: Sendable {
   /// id allocator no room (it used to crash the relay at start).
   public static let maxHeadID: UInt64 = 1 << 63
 
-  /// Throws `.corrupt` when the stored head is beyond any id the relay hands out.
-  public static func checkHead(_ head: UInt64, feed: String, path: String) throws(StoreError) {
+  /// Throws `.corrupt` when the stored head is beyond any id the relay hands out, or the floor (every id at or
+  /// below it is gone) is above the head: a relay restored from such a feed would hide what it commits next (the
+  /// store fuzzer found a file where a commit above the head was never read back).
+  public static func checkHead(_ head: UInt64, floor: UInt64, feed: String, path: String) throws(StoreError) {
     guard head <= maxHeadID else {
       throw StoreError(
         .corrupt, path: path,
         "feed \(feed): the stored head id \(head) is beyond any id the relay issues (at most 2^63): damaged store")
+    }
+    guard floor <= head else {
+      throw StoreError(
+        .corrupt, path: path, "feed \(feed): the stored floor id \(floor) is above the head id \(head): damaged store")
     }
   }
 }

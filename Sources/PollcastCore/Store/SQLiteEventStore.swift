@@ -337,7 +337,7 @@ public final class SQLiteEventStore: EventStore, @unchecked Sendable {
     let feedID = sqlite3_column_int64(row, 0)
     let head = UInt64(bitPattern: sqlite3_column_int64(row, 1))
     let floor = UInt64(bitPattern: sqlite3_column_int64(row, 2))
-    try StoredFeed.checkHead(head, feed: feed, path: path)
+    try StoredFeed.checkHead(head, floor: floor, feed: feed, path: path)
     feedIDs[feed] = feedID
     floors[feed] = floor
 

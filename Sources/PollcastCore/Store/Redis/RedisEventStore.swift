@@ -248,7 +248,8 @@ public final class RedisEventStore: SharedStore, @unchecked Sendable {
   /// head beyond any id is damage, and another source is refused.
   func parseMeta(_ fields: [RedisReply], feed: String) throws(StoreError) -> StoredFeed {
     let head = fields[0].text.flatMap { UInt64($0) } ?? 0
-    try StoredFeed.checkHead(head, feed: feed, path: address.description)
+    let floor = fields[1].text.flatMap { UInt64($0) } ?? 0
+    try StoredFeed.checkHead(head, floor: floor, feed: feed, path: address.description)
     var position: FeedPosition?
     if let text = fields[2].text {
       guard let decoded = RedisEventStore.decodePosition(text) else {
@@ -268,7 +269,7 @@ public final class RedisEventStore: SharedStore, @unchecked Sendable {
       unissued = ranges
     }
     return StoredFeed(
-      headID: head, floorID: fields[1].text.flatMap { UInt64($0) } ?? 0, events: [], position: position,
+      headID: head, floorID: floor, events: [], position: position,
       unissued: unissued, generation: fields[4].text)
   }
 

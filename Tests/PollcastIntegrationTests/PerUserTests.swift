@@ -1,7 +1,8 @@
 import Foundation
 import LegacyFixture
-import PollcastCore
 import Testing
+
+@testable import PollcastCore
 
 /// `auth.mode = upstream`: every subscriber reads only its own legacy account, and each account is long-polled
 /// once, over the real fixture (`--accounts`) and real sockets.
@@ -127,6 +128,13 @@ import Testing
       #expect(inTurns.feeds.eventsPublished == accounts.feeds.eventsPublished)
       #expect(inTurns.pollsInFlight == accounts.pollsInFlight)
       #expect(inTurns.maxPollsInFlightPerAccount == 1)
+      // Scrapes at once share one walk; none is left behind for the next scrape.
+      async let one = harness.hub.sharedStatisticsInTurns(turn: 1)
+      async let two = harness.hub.sharedStatisticsInTurns(turn: 1)
+      let (scrapeOne, scrapeTwo) = await (one, two)
+      #expect(scrapeOne.subscribers == 3 && scrapeTwo.subscribers == 3)
+      #expect(scrapeOne.feeds.eventsPublished == scrapeTwo.feeds.eventsPublished)
+      #expect(await harness.hub.statisticsWalk == nil)
       let metrics = try httpGet(port: harness.port, "/metrics")
       #expect(metrics.status == 200)
       #expect(metrics.body.contains("pollcast_accounts_active 1"), "\(metrics.body.prefix(2000))")

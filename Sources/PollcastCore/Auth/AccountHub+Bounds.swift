@@ -122,6 +122,19 @@ extension AccountHub {
     return finish(tally)
   }
 
+  /// `statisticsInTurns`, one walk at a time: a scrape that arrives while a walk runs gets that walk's figures (begun
+  /// at most one walk's time before it asked), so several scrapers at once cost one walk, not one each.
+  public func sharedStatisticsInTurns(turn: Int = 1000) async -> Statistics {
+    if let walk = statisticsWalk { return await walk.value }
+    let walk = Task {
+      let statistics = await statisticsInTurns(turn: turn)
+      statisticsWalk = nil
+      return statistics
+    }
+    statisticsWalk = walk
+    return await walk.value
+  }
+
   private func finish(_ tally: StatisticsTally) -> Statistics {
     var snapshot = stats
     snapshot.activeAccounts = activeCount

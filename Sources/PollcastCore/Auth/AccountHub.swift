@@ -157,6 +157,9 @@ public actor AccountHub {
 
   /// Counters of evicted accounts' feeds.
   var retiredFeeds = FeedStatistics()
+  /// The walk over the accounts a `/metrics` scrape started (`sharedStatisticsInTurns`): scrapes that arrive while it
+  /// runs wait for its figures instead of each walking every account again.
+  var statisticsWalk: Task<Statistics, Never>?
 
   let upstream: Upstream
   public nonisolated let settings: Settings

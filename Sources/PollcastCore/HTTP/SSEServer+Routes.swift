@@ -77,19 +77,15 @@ extension SSEServer {
         return
       }
       let head = request.method == .head
-      if let handler = route.handler {
-        let answer = handler()
+      let reply: (HTTPRequest, Route.Answer) -> Void = { request, answer in
         request.respond(
           status: answer.status, reason: reasonPhrase(answer.status), contentType: answer.contentType,
           body: head ? "" : answer.body, headers: cors + [("Cache-Control", "no-store")])
-      } else if let handler = route.asyncHandler {
-        park(
-          request, { _ in await handler() },
-          then: { _, request, answer in
-            request.respond(
-              status: answer.status, reason: reasonPhrase(answer.status), contentType: answer.contentType,
-              body: head ? "" : answer.body, headers: cors + [("Cache-Control", "no-store")])
-          })
+      }
+      switch route.answer {
+      case .now(let handler): reply(request, handler())
+      case .later(let handler):
+        park(request, { _ in await handler() }, then: { _, request, answer in reply(request, answer) })
       }
       return
     }

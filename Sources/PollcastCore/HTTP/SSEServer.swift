@@ -34,19 +34,23 @@ public actor SSEServer {
   public struct Route: Sendable {
     public typealias Answer = (status: Int32, contentType: String, body: String)
     public var methods: Set<String>
-    /// Answers at once, on the loop.
-    public var handler: (@Sendable () -> Answer)?
-    /// Answers later: the request is parked (a client that leaves frees it) while this runs on the loop, so a
-    /// long answer can be built in turns that let the loop serve everyone else between them (`/metrics` over
-    /// thousands of per-user accounts).
-    public var asyncHandler: (@Sendable () async -> Answer)?
+    public var answer: Answering
+    /// How a route answers.
+    public enum Answering: Sendable {
+      /// At once, on the loop.
+      case now(@Sendable () -> Answer)
+      /// Later: the request is parked (a client that leaves frees it) while this runs on the loop, so a long answer
+      /// can be built in turns that let the loop serve everyone else between them (`/metrics` over thousands of
+      /// per-user accounts).
+      case later(@Sendable () async -> Answer)
+    }
     public init(methods: Set<String> = ["GET", "HEAD"], handler: @escaping @Sendable () -> Answer) {
       self.methods = methods
-      self.handler = handler
+      self.answer = .now(handler)
     }
     public init(methods: Set<String> = ["GET", "HEAD"], asyncHandler: @escaping @Sendable () async -> Answer) {
       self.methods = methods
-      self.asyncHandler = asyncHandler
+      self.answer = .later(asyncHandler)
     }
   }
 

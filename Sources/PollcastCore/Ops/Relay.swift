@@ -160,7 +160,7 @@ public final class Relay: Sendable {
       await server.addRoute(
         "/metrics",
         .init(asyncHandler: { [loop] in
-          let accounts = await hub.statisticsInTurns()
+          let accounts = await hub.sharedStatisticsInTurns()
           return await loop.submit { renderMetrics(accounts) }
         }))
     } else {

@@ -60,6 +60,8 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   private var lagSamples = 0
   private var lagTimer: LoopTimer?
   private var lagScrapeInFlight = false
+  /// Bumped when a phase ends: a scrape answered after it counts for no phase.
+  private var lagPhase = 0
   private var random = SystemRandomNumberGenerator()
 
   public init(options: BenchOptions, loop: EventLoop) {
@@ -281,18 +283,23 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     lagTimer = timer
   }
 
-  /// The phase's largest sampled lag (on the loop); nil when sampling is off.
+  /// The phase's largest sampled lag (on the loop); nil when sampling is off. Sampling stops until the next phase:
+  /// scrapes between phases (connecting, draining) would load the relay outside what is measured, and a scrape still
+  /// in flight counts for no phase.
   private func endLagPhase() -> (max: Double, samples: Int)? {
     guard lagTimer != nil else { return nil }
+    lagTimer = nil
+    lagPhase += 1
     return (lagMax, lagSamples)
   }
 
   private func scrapeLag(_ url: String) {
     guard !lagScrapeInFlight else { return }
     lagScrapeInFlight = true
+    let phase = lagPhase
     transport.start(UpstreamRequest(url: url, timeout: 5, label: "metrics")) { [self] outcome in
       lagScrapeInFlight = false
-      guard case .success(let response) = outcome, response.status == 200 else { return }
+      guard phase == lagPhase, case .success(let response) = outcome, response.status == 200 else { return }
       let prefix = "pollcast_event_loop_lag_seconds "
       let text = String(decoding: response.body, as: UTF8.self)
       for line in text.split(separator: "\n") where line.hasPrefix(prefix) {

@@ -190,6 +190,12 @@ extension RecipeShapesTests {
     let stats = await fixture.statistics()
     #expect(stats.faultsApplied == 3, "the three redeliveries were served")
     #expect(!logs.tails().contains("YWRtaW46c2VjcmV0"), "the Authorization value is never logged")
+    // /metrics shows the API's own cursor (CouchDB's last seq) beside the relay's count.
+    let metrics = try httpGet(port: node.port, "/metrics").body
+    let lastSeq = LegacyFixture.couchSeq(expected.last ?? 0)
+    #expect(
+      metrics.contains("pollcast_upstream_api_cursor_info{stream=\"changes\",cursor=\"\(lastSeq)\"} 1"),
+      "\(metrics.split(separator: "\n").filter { $0.contains("cursor") })")
     node.kill9()
     await fixture.shutdown()
   }
@@ -305,6 +311,8 @@ extension RecipeShapesTests {
     #expect(collect(client, count: 2) == later)
     let resyncs = client.events.filter { $0.type == "upstream" && $0.data.contains("\"resync\"") }
     #expect(resyncs.count == 2, "\(client.events.map(\.data))")
+    // Each names the API's cursor (VK's ts) the relay polls on from.
+    #expect(resyncs.allSatisfy { $0.data.contains("\"api_cursor\":\"") }, "\(resyncs.map(\.data))")
     let log = (try? String(contentsOf: logs.files[0], encoding: .utf8)) ?? ""
     #expect(log.contains("upstream request"), "traced")
     #expect(

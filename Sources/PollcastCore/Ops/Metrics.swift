@@ -264,6 +264,16 @@ public enum Metrics {
     metric(
       "pollcast_upstream_cursor", "gauge", "The relay's cursor per upstream stream.",
       upstream.cursors.keys.sorted().map { ("{stream=\(JSONText.quoted($0))}", String(upstream.cursors[$0]!)) })
+    if !upstream.apiCursors.isEmpty {
+      // An opaque cursor is text, not a number: an info metric carries it as a label (`pollcast_upstream_cursor`
+      // is then the relay's own count of what it relayed).
+      metric(
+        "pollcast_upstream_api_cursor_info", "gauge",
+        "The legacy API's own (opaque) cursor per stream, as the relay will send it next (secrets redacted).",
+        upstream.apiCursors.keys.sorted().map {
+          ("{stream=\(JSONText.quoted($0)),cursor=\(JSONText.quoted(upstream.apiCursors[$0]!))}", "1")
+        })
+    }
     metric(
       "pollcast_upstream_state", "gauge", "1 for the worker's current state.",
       UpstreamWorker.State.allCases.map { ("{state=\"\($0.rawValue)\"}", upstream.state == $0.rawValue ? "1" : "0") })

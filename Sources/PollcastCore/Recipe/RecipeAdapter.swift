@@ -120,6 +120,14 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     sessionRestored = true
   }
 
+  /// The API's cursor: a bound one without its session's values, a cursor in parts as its JSON object; every
+  /// secret the requests carry (the session's values, environment values, the credential) replaced.
+  public func shownCursor(_ token: String) -> String {
+    let cursor = RecipeAdapter.unbind(token)?.cursor ?? token
+    let scope = scope()
+    return UpstreamCursorDisplay.shown(UpstreamResponse.scrub(cursor, scope.redactions ?? scope.secrets))
+  }
+
   public var storedKeys: (key: @Sendable (StoredEvent) -> String?, window: Int)? {
     guard recipe.cursor.opaque, let dedupe = recipe.cursor.dedupe else { return nil }
     let pointers = dedupe.keys

@@ -121,6 +121,9 @@ public protocol UpstreamAdapter: AnyObject, Sendable {
   var storedKeys: (key: @Sendable (StoredEvent) -> String?, window: Int)? { get }
   /// Whether `prepare` reads the server's newest ids (a resync is worth a call).
   var canSync: Bool { get }
+  /// An opaque cursor (`tokens`) as `/metrics` and status events show it: the API's own cursor, without the
+  /// session values it is bound to and without secrets, at most `UpstreamCursorDisplay.limit` characters.
+  func shownCursor(_ token: String) -> String
   /// Per-user relaying: whose account the adapter's credential opens. An API with a session step creates the
   /// session (kept for the first poll) and returns its user id; one without returns nil, and the account is keyed
   /// by the credential (a refused credential then shows on the first poll). A 401 or 403 means the credential is
@@ -137,6 +140,7 @@ public struct UpstreamIdentity: Sendable, Equatable {
 }
 
 extension UpstreamAdapter {
+  public func shownCursor(_ token: String) -> String { UpstreamCursorDisplay.shown(token) }
   public func restore(tokens: [String: String]) {}
   public var storedKeys: (key: @Sendable (StoredEvent) -> String?, window: Int)? { nil }
 
@@ -240,5 +244,22 @@ extension UpstreamMessage {
     }
     let repaired = text?.repaired(offset: element.offset, count: element.text.count) ?? false
     return UpstreamMessage(id: id, raw: element.rawText, repaired: repaired)
+  }
+}
+
+/// How an opaque cursor is shown: control bytes and line separators as `?` (it goes into a Prometheus label and a
+/// JSON string, where `JSONText.quoted` would write them as `\u` escapes a Prometheus label cannot hold), and cut
+/// to `limit` characters with `…` (a Dropbox cursor runs to hundreds).
+public enum UpstreamCursorDisplay {
+  public static let limit = 96
+
+  public static func shown(_ cursor: String) -> String {
+    var text = String(
+      String.UnicodeScalarView(
+        cursor.unicodeScalars.map {
+          $0.value < 0x20 || $0.value == 0x7F || $0.value == 0x2028 || $0.value == 0x2029 ? "?" : $0
+        }))
+    if text.count > limit { text = text.prefix(limit - 1) + "…" }
+    return text
   }
 }

@@ -25,6 +25,8 @@ public struct UpstreamStatistics: Sendable {
   public var pollStarted: Double?
   public var pollDurations = Histogram(bounds: [0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60])
   public var cursors: [String: UInt64] = [:]
+  /// The API's own cursor per stream for an opaque-cursor recipe, as `UpstreamAdapter.shownCursor` shows it.
+  public var apiCursors: [String: String] = [:]
   public var hasSession = false
   public var transportInFlight = 0
 }

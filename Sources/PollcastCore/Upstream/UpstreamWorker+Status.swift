@@ -29,12 +29,15 @@ extension UpstreamWorker {
   // MARK: Status events
 
   /// Tells clients, in the `upstream` status event, that the relay followed the upstream to other ids.
-  func publishResync(_ rewind: CursorBook.Rewind) {
-    let data = JSONText.object([
-      "state": JSONText.quoted("resync"), "adapter": JSONText.quoted(adapter.name),
-      "stream": JSONText.quoted(rewind.stream), "reason": JSONText.quoted(rewind.reason),
-      "cursor": JSONText.quoted(String(rewind.from)), "upstream_id": JSONText.quoted(String(rewind.to)),
-    ])
+  /// An opaque-cursor API's reset names the API's own cursor the relay polls on from (`api_cursor`).
+  func publishResync(_ rewind: CursorBook.Rewind, apiCursor: String? = nil) {
+    var fields: [(String, String)] = [
+      ("state", JSONText.quoted("resync")), ("adapter", JSONText.quoted(adapter.name)),
+      ("stream", JSONText.quoted(rewind.stream)), ("reason", JSONText.quoted(rewind.reason)),
+      ("cursor", JSONText.quoted(String(rewind.from))), ("upstream_id", JSONText.quoted(String(rewind.to))),
+    ]
+    if let apiCursor { fields.append(("api_cursor", JSONText.quoted(adapter.shownCursor(apiCursor)))) }
+    let data = JSONText.object(fields)
     feed.assumeIsolated { $0.publishStatus(data) }
   }
 
@@ -75,6 +78,7 @@ extension UpstreamWorker {
   public func snapshot() -> UpstreamStatistics {
     var copy = statistics
     copy.cursors = cursors
+    copy.apiCursors = book.tokens.mapValues { adapter.shownCursor($0) }
     copy.hasSession = adapter.hasSession
     copy.transportInFlight = client.inFlight
     return copy
@@ -101,7 +105,7 @@ extension UpstreamWorker {
 
 extension UpstreamWorker {
   /// Logs the cursors an API reset (a recipe's `reset`), and tells clients of those that left a gap.
-  func announce(_ resets: [UpstreamCursorReset]) {
+  func announce(_ resets: [UpstreamCursorReset], tokens: [String: String]) {
     for reset in resets {
       let from = book.cursors[reset.stream] ?? 0
       logger.warning(
@@ -111,7 +115,9 @@ extension UpstreamWorker {
         ])
       if reset.gap {
         statistics.cursorRewinds += 1
-        publishResync(CursorBook.Rewind(stream: reset.stream, from: from, to: reset.to, reason: reset.reason))
+        publishResync(
+          CursorBook.Rewind(stream: reset.stream, from: from, to: reset.to, reason: reset.reason),
+          apiCursor: tokens[reset.stream])
       }
     }
   }

@@ -373,7 +373,7 @@ public actor UpstreamWorker {
         metadata: ["stream": rewind.stream, "cursor": String(rewind.from), "upstream_last": String(rewind.to)])
       publishResync(rewind)
     }
-    announce(plan.resets)
+    announce(plan.resets, tokens: book.tokens(after: plan))
     statistics.duplicatesDropped += plan.duplicates
     let wentBackwards = plan.wentBackwards
     let pending = plan.fresh

@@ -212,6 +212,19 @@ import Testing
     }
   }
 
+  /// What `/metrics` and a resync event show of an opaque cursor: the API's own cursor, never its session's values
+  /// or a secret the requests carry, never a control byte, never longer than the limit.
+  @Test func anOpaqueCursorIsShownWithoutSessionSecretsOrControlBytes() throws {
+    let adapter = RecipeAdapter(
+      recipe: try recipe(RecipeTests.telegram), environment: context.environment, credential: nil)
+    let bound = RecipeAdapter.bind("2003", session: ["queue_id": "1517975029:1"])
+    #expect(adapter.shownCursor(bound) == "2003")
+    #expect(adapter.shownCursor("seq-123:abc-secret-9") == "seq-[redacted]-9")
+    #expect(adapter.shownCursor("a\nb\u{2028}c\u{7F}") == "a?b?c?")
+    let long = adapter.shownCursor(String(repeating: "x", count: 500))
+    #expect(long.count == UpstreamCursorDisplay.limit && long.hasSuffix("…"))
+  }
+
   @Test func placeholdersMustBeFilledBeforeUse() {
     let found = problems(
       """

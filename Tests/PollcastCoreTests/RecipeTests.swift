@@ -225,6 +225,19 @@ import Testing
     #expect(long.count == UpstreamCursorDisplay.limit && long.hasSuffix("…"))
   }
 
+  /// A var the environment fills is a secret (redacted wherever it appears); one left at the fallback written in the
+  /// recipe is not, so `recipe check` shows a database name that was never configured as it is.
+  @Test func onlyWhatTheEnvironmentGivesIsSecret() throws {
+    let text = """
+      {"recipe":1,"vars":{"db":"{env:DB:-orders}","base":"{env:BASE}","key":"{env:TG_TOKEN:-unused}"},
+       "poll":{"url":"{base}/{db}/{key}","events":{"pointer":"/result","id":{"event":"/id"}}}}
+      """
+    let parsed = try recipe(text)
+    #expect(parsed.environmentVars == ["key", "base"])
+    let adapter = RecipeAdapter(recipe: parsed, environment: context.environment, credential: nil)
+    #expect(adapter.shownCursor("orders/123:abc-secret") == "orders/[redacted]")
+  }
+
   @Test func placeholdersMustBeFilledBeforeUse() {
     let found = problems(
       """

@@ -54,6 +54,18 @@ public enum RecipeCheck {
       return PollcastCommand.exitConfig
     }
     print("recipe \(recipe.name): stream \(recipe.stream), \(recipe.session.count) session step(s), \(polls) poll(s)")
+    // Which values print as [redacted], by name (never by value): what the recipe reads from the environment (a
+    // URL excepted: only its userinfo and secret query values are hidden), the session's values, the credential.
+    let environment = configuration.loadedRecipe.environment
+    let hidden = recipe.environmentNames.sorted().filter { name in
+      guard let value = environment[name] else { return false }
+      return !(value.hasPrefix("http://") || value.hasPrefix("https://")) && value.count >= 4
+    }
+    let sessionNames = recipe.session.flatMap { $0.extract.map(\.0) }
+    if !hidden.isEmpty || !sessionNames.isEmpty {
+      let names = hidden.map { "$\($0)" } + sessionNames.map { "the session's \($0)" }
+      print("  shown as [redacted] wherever they appear: \(names.joined(separator: ", "))")
+    }
     do {
       let loop = try EventLoop()
       loop.start()
@@ -131,11 +143,11 @@ private actor CheckDriver {
           }
           let preparation = try await adapter.prepare(client)
           _ = book.apply(preparation, startFrom: startFrom)
-          print("  session ready\(adapter.lastRule.map { " (\($0))" } ?? ""); cursor \(cursorText(book))")
+          print("  session ready\(adapter.lastRule.map { " (\($0))" } ?? ""); cursor \(cursorText(book, adapter))")
           prepared = true
         }
         poll += 1
-        print("poll \(poll) of \(polls) from cursor \(cursorText(book))")
+        print("poll \(poll) of \(polls) from cursor \(cursorText(book, adapter))")
         let answer = try await adapter.poll(client, cursors: book.cursors, tokens: book.tokens)
         succeeded += 1
         sessions = 0
@@ -163,17 +175,13 @@ private actor CheckDriver {
         let next = book.settled(plan)
         book.moved(to: next, after: plan)
         book.moved(tokens: book.tokens(after: plan))
-        if let token = book.tokens[adapter.recipe.stream] {
-          // A cursor bound to its session is shown without the session's values (secrets).
-          print("  API cursor now \(RecipeAdapter.unbind(token)?.cursor ?? token)")
-        }
         print(
           before == book.cursors && tokensBefore == book.tokens
-            ? "  cursor held at \(cursorText(book))" : "  cursor moved to \(cursorText(book))")
+            ? "  cursor held at \(cursorText(book, adapter))" : "  cursor moved to \(cursorText(book, adapter))")
       } catch {
         if error.kind == .timeout {
           succeeded += 1
-          print("  held for the whole --hold: no news, cursor held at \(cursorText(book))")
+          print("  held for the whole --hold: no news, cursor held at \(cursorText(book, adapter))")
           continue
         }
         print("  ✗ \(error.description)")
@@ -194,7 +202,15 @@ private actor CheckDriver {
     return 1
   }
 
-  private func cursorText(_ book: CursorBook) -> String {
-    book.streams.map { "\($0)=\(book.cursors[$0].map(String.init) ?? "none")" }.joined(separator: ",")
+  /// Each stream's cursor: the last event's id for an integer recipe; for an opaque one the API's own cursor as
+  /// `/metrics` shows it (no session values, secrets redacted), with the relay's count of relayed events beside it
+  /// (what `Last-Event-ID` numbering builds on, not something the API sees).
+  private func cursorText(_ book: CursorBook, _ adapter: RecipeAdapter) -> String {
+    book.streams.map { stream in
+      let relayed = book.cursors[stream].map(String.init) ?? "none"
+      guard adapter.recipe.cursor.opaque else { return "\(stream)=\(relayed)" }
+      let api = book.tokens[stream].map { adapter.shownCursor($0) } ?? "none yet (the recipe's initial)"
+      return "\(stream)=\(api) (relayed so far: \(relayed))"
+    }.joined(separator: ", ")
   }
 }

@@ -122,7 +122,9 @@ struct RecipeReader {
               if case .env(let env, nil) = placeholder, context.environment[env] == nil {
                 problem("recipe.vars.\(key)", "{env:\(env)} but the environment has no \(env)")
               } else if case .env(let env, _) = placeholder {
-                environmentVars.insert(key)
+                // A secret only when the environment gives it: a fallback is written in the recipe for all to read
+                // (`recipe check` printed CouchDB's database name, `{env:COUCH_DB:-orders}`, as [redacted]).
+                if context.environment[env] != nil { environmentVars.insert(key) }
                 environmentNames.insert(env)
               } else {
                 problem("recipe.vars.\(key)", "\(placeholder.spelled): a var may use only {env:NAME}")

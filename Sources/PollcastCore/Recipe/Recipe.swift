@@ -44,7 +44,7 @@ public struct Recipe: Sendable {
     self.user = user
   }
 
-  /// Vars that read the environment (secrets unless they are URLs).
+  /// Vars the environment fills (secrets unless they are URLs; a fallback written in the recipe is not a secret).
   public var environmentVars: Set<String> = []
   /// Every environment variable the recipe reads.
   public var environmentNames: Set<String> = []

@@ -18,7 +18,7 @@ import Testing
     try RelayProcess(
       arguments: [
         "--listen", "127.0.0.1:0", "--upstream-adapter", "recipe", "--upstream-recipe",
-        RecipeShapesTests.recipe(recipe),
+        recipe.hasPrefix("/") ? recipe : RecipeShapesTests.recipe(recipe),
         "--store-kind", "sqlite", "--store-path", store, "--upstream-backoff-base-seconds", "0.05",
         "--upstream-backoff-cap-seconds", "0.2", "--log-level", "info",
       ] + extra, log: log, environment: environment)
@@ -394,6 +394,52 @@ extension RecipeShapesTests {
 
 extension RecipeShapesTests {
   /// The fixture message ids (`name: msg-N.json`) of the Dropbox entries a client received.
+  /// A new session that no rule reset the cursor for (here `BAD_EVENT_QUEUE_ID` only says `session`): the stored
+  /// cursor counts in the old queue, so the new queue polls from its own first cursor (`initial`), with one gap
+  /// (`recipe_session_changed`), told once however many polls follow, and nothing of the new queue is lost.
+  @Test func aNewSessionNoRuleResetStartsFromInitialWithOneGap() async throws {
+    var options = LegacyFixture.Options()
+    options.maxPollTimeout = 0.3  // a heartbeat, and so a poll, every 0.3 s
+    let fixture = try await LegacyFixture.start(options)
+    let logs = try NodeLogs("pollcast-zulip-session", nodes: 1)
+    defer { logs.remove() }
+    let text = try String(contentsOfFile: RecipeShapesTests.recipe("zulip.json"), encoding: .utf8)
+    let variant = text.replacingOccurrences(
+      of: "\"do\": [\"session\", \"reset\"],\n      \"gap\": true", with: "\"do\": \"session\"")
+    #expect(variant != text)
+    let path = logs.directory.appendingPathComponent("zulip-session-only.json").path
+    try variant.write(toFile: path, atomically: true, encoding: .utf8)
+    let basic = Data("bot@example.com:\(fixture.options.apiKey)".utf8).base64EncodedString()
+    let environment = ["ZULIP_URL": "http://\(fixture.address)", "ZULIP_BASIC": basic]
+    let node = try relay(
+      path, store: logs.directory.appendingPathComponent("relay.db").path, log: logs.files[0], environment: environment)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    let client = try TestSSEClient(port: node.port)
+    func collect(count: Int) -> [UInt64] {
+      let deadline = MonotonicClock.seconds() + 10 * timingFactor
+      while RecipeShapesTests.zulipMessages(client).count < count && MonotonicClock.seconds() < deadline {
+        _ = try? client.pump(timeout: 0.05)
+      }
+      return RecipeShapesTests.zulipMessages(client)
+    }
+    try await Task.sleep(for: .milliseconds(Int(600 * timingFactor)))
+    var expected = await fixture.append(user: "101", texts: ["old queue"])
+    #expect(collect(count: 1) == expected)
+    await fixture.zulipExpireQueue()
+    try await Task.sleep(for: .milliseconds(Int(800 * timingFactor)))
+    expected += await fixture.append(user: "101", texts: ["new queue 1", "new queue 2"])
+    #expect(collect(count: 3) == expected)
+    // Several more polls (heartbeats) in the new queue: the gap is not told again.
+    try await Task.sleep(for: .milliseconds(Int(1500 * timingFactor)))
+    _ = try? client.pump(timeout: 0.2)
+    let resyncs = client.events.filter { $0.type == "upstream" && $0.data.contains("\"resync\"") }
+    #expect(resyncs.count == 1, "\(resyncs.map(\.data))")
+    #expect(resyncs.first?.data.contains("recipe_session_changed") == true)
+    #expect(await fixture.statistics().sessions == 2)
+    node.kill9()
+    await fixture.shutdown()
+  }
+
   static func dropboxMessages(_ client: TestSSEClient) -> [UInt64] {
     client.events.filter { $0.type == "message" }.compactMap {
       guard let name = (try? RawJSON.parse($0.data))?.resolve(pointer: "/message/name")?.stringValue else { return nil }

@@ -62,6 +62,11 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   private var lagScrapeInFlight = false
   /// Bumped when a phase ends: a scrape answered after it counts for no phase.
   private var lagPhase = 0
+  /// The relay's longest Swift job pass since it started (`pollcast_event_loop_job_pass_max_seconds`) at the first
+  /// and last sample of the phase, and its passes over 10 ms then: a phase whose lag is well above its job passes
+  /// was held in C callbacks.
+  private var jobPassMax: (first: Double?, last: Double) = (nil, 0)
+  private var slowPasses: (first: Int?, last: Int) = (nil, 0)
   private var random = SystemRandomNumberGenerator()
 
   public init(options: BenchOptions, loop: EventLoop) {
@@ -196,7 +201,8 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       if let lag = await loop.submit({ [self] in endLagPhase() }) {
         print(
           String(
-            format: "relay loop lag, largest sampled while idle: %.1f ms (%d samples)", lag.max * 1000, lag.samples))
+            format: "relay loop lag, largest sampled while idle: %.1f ms (%d samples); ", lag.max * 1000, lag.samples)
+            + lag.jobPass)
         summary.append(("lag_max_idle_ms", String(format: "%.1f", lag.max * 1000)))
       }
       if let before, let after {
@@ -239,7 +245,8 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     if let lag = await loop.submit({ [self] in endLagPhase() }) {
       print(
         String(
-          format: "relay loop lag, largest sampled with messages: %.1f ms (%d samples)", lag.max * 1000, lag.samples))
+          format: "relay loop lag, largest sampled with messages: %.1f ms (%d samples); ", lag.max * 1000,
+          lag.samples) + lag.jobPass)
       summary.append(("lag_max_messages_ms", String(format: "%.1f", lag.max * 1000)))
     }
     let report = await loop.submit { [self] in measure() }
@@ -276,6 +283,8 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     guard options.lagSampleMilliseconds > 0, let target = targets.first else { return }
     lagMax = 0
     lagSamples = 0
+    jobPassMax = (nil, 0)
+    slowPasses = (nil, 0)
     guard lagTimer == nil else { return }
     let url = "http://\(target.host)/metrics"
     let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in self?.scrapeLag(url) }
@@ -286,11 +295,14 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   /// The phase's largest sampled lag (on the loop); nil when sampling is off. Sampling stops until the next phase:
   /// scrapes between phases (connecting, draining) would load the relay outside what is measured, and a scrape still
   /// in flight counts for no phase.
-  private func endLagPhase() -> (max: Double, samples: Int)? {
+  private func endLagPhase() -> (max: Double, samples: Int, jobPass: String)? {
     guard lagTimer != nil else { return nil }
     lagTimer = nil
     lagPhase += 1
-    return (lagMax, lagSamples)
+    let jobPass = String(
+      format: "longest Swift job pass since start %.1f -> %.1f ms, passes over 10 ms in the phase: %d",
+      (jobPassMax.first ?? 0) * 1000, jobPassMax.last * 1000, slowPasses.last - (slowPasses.first ?? 0))
+    return (lagMax, lagSamples, jobPass)
   }
 
   private func scrapeLag(_ url: String) {
@@ -301,11 +313,17 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       lagScrapeInFlight = false
       guard phase == lagPhase, case .success(let response) = outcome, response.status == 200 else { return }
       let prefix = "pollcast_event_loop_lag_seconds "
+      let passPrefix = "pollcast_event_loop_job_pass_max_seconds "
+      let slowPrefix = "pollcast_event_loop_slow_job_passes_total "
       let text = String(decoding: response.body, as: UTF8.self)
-      for line in text.split(separator: "\n") where line.hasPrefix(prefix) {
-        if let lag = Double(line.dropFirst(prefix.count)) {
+      for line in text.split(separator: "\n") {
+        if line.hasPrefix(prefix), let lag = Double(line.dropFirst(prefix.count)) {
           lagMax = max(lagMax, lag)
           lagSamples += 1
+        } else if line.hasPrefix(passPrefix), let pass = Double(line.dropFirst(passPrefix.count)) {
+          jobPassMax = (jobPassMax.first ?? pass, pass)
+        } else if line.hasPrefix(slowPrefix), let slow = Int(line.dropFirst(slowPrefix.count)) {
+          slowPasses = (slowPasses.first ?? slow, slow)
         }
       }
     }

@@ -1,3 +1,4 @@
+import Foundation
 import PollcastCore
 import Testing
 
@@ -21,6 +22,56 @@ import Testing
     defer { loop.stop() }
     let turns = TurnProbe(loop: loop)
     #expect(await turns.run() == ["timer", "after the turn"])
+  }
+
+  /// A pass of Swift jobs that holds the loop is measured (`pollcast_event_loop_job_pass_max_seconds`): what tells a
+  /// loop held by Swift work from one held in a C callback.
+  @Test func aLongJobPassIsMeasured() async throws {
+    let loop = try EventLoop()
+    loop.start()
+    defer { loop.stop() }
+    #expect(await loop.submit { loop.slowJobPasses } == 0)
+    await loop.submit { usleep(30_000) }
+    // Read in a later pass: the pass that ran the sleep records itself as it ends.
+    var (longest, slow) = (0.0, 0)
+    let deadline = MonotonicClock.seconds() + 5
+    while slow == 0 && MonotonicClock.seconds() < deadline {
+      try await Task.sleep(for: .milliseconds(10))
+      (longest, slow) = await loop.submit { (loop.longestJobPass, loop.slowJobPasses) }
+    }
+    #expect(longest >= 0.030 && longest < 5)
+    #expect(slow == 1)
+  }
+}
+
+extension EventLoopTests {
+  /// A burst of jobs (thousands of accounts' polls answered at once) stops after `jobPassBudget` and lets due timers
+  /// and I/O run before the rest: in one pass, twenty 1 ms jobs held a due timer ~20 ms.
+  @Test func aBurstOfJobsLetsADueTimerRunBetween() async throws {
+    let loop = try EventLoop()
+    loop.start()
+    defer { loop.stop() }
+    let order = Locked<[String]>([])
+    let timers = Locked<[LoopTimer]>([])
+    await loop.submit {
+      let timer = LoopTimer(loop: loop) { order.withLock { $0.append("timer") } }
+      timer.schedule(after: 0)
+      timers.withLock { $0.append(timer) }
+      for _ in 0..<20 {
+        loop.execute {
+          usleep(1000)
+          order.withLock { $0.append("job") }
+        }
+      }
+    }
+    let deadline = MonotonicClock.seconds() + 10
+    while order.withLock({ $0.count }) < 21 && MonotonicClock.seconds() < deadline {
+      try await Task.sleep(for: .milliseconds(5))
+    }
+    let seen = order.withLock { $0 }
+    #expect(seen.count == 21)
+    #expect((seen.firstIndex(of: "timer") ?? 99) < 20, "\(seen)")
+    await loop.submit { timers.withLock { $0.removeAll() } }
   }
 }
 

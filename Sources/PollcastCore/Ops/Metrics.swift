@@ -3,7 +3,7 @@ public enum Metrics {
   public static func render(
     _ stats: FeedStatistics, upstream: UpstreamStatistics? = nil, loopLag: (last: Double, max: Double)? = nil,
     protection: SSEServer.ProtectionCounters? = nil, accounts: AccountHub.Statistics? = nil,
-    store: StoreStatistics? = nil
+    store: StoreStatistics? = nil, jobPasses: (longest: Double, slow: Int)? = nil
   ) -> String {
     var stats = stats
     if let accounts { stats.absorb(accounts.feeds) }
@@ -93,6 +93,15 @@ public enum Metrics {
         [("", String(loopLag.last))])
       metric(
         "pollcast_event_loop_lag_max_seconds", "gauge", "The largest event loop lag seen.", [("", String(loopLag.max))])
+    }
+    if let jobPasses {
+      metric(
+        "pollcast_event_loop_job_pass_max_seconds", "gauge",
+        "The longest loop pass running Swift jobs (resumed tasks); a lag well above it was spent in C callbacks.",
+        [("", String(jobPasses.longest))])
+      metric(
+        "pollcast_event_loop_slow_job_passes_total", "counter", "Loop passes running Swift jobs that took over 10 ms.",
+        [("", String(jobPasses.slow))])
     }
     if let protection {
       metric(

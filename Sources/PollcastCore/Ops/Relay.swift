@@ -137,7 +137,7 @@ public final class Relay: Sendable {
       })
     // Renders on the loop, with the accounts' figures summed beforehand (per-user relaying) or none.
     let renderMetrics: @Sendable (AccountHub.Statistics?) -> SSEServer.Route.Answer = {
-      [feed, worker, lagProbe, owner, weak server] accounts in
+      [feed, worker, lagProbe, owner, loop, weak server] accounts in
       let stats = feed.assumeIsolated { $0.statistics() }
       var store = feed.store.statistics()
       owner.describeOnLoop(&store)
@@ -152,7 +152,7 @@ public final class Relay: Sendable {
         200, "text/plain; version=0.0.4; charset=utf-8",
         Metrics.render(
           stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag), protection: protection,
-          accounts: accounts, store: store)
+          accounts: accounts, store: store, jobPasses: (loop.longestJobPass, loop.slowJobPasses))
       )
     }
     if let hub {

@@ -17,9 +17,6 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   public let base: OpaquePointer
   private let pending = Locked<[UnownedJob]>([])
   private var wakeEvent: OpaquePointer?
-  /// A timer that drains again after the next poll for I/O: a pass of jobs that ran past `jobPassBudget` leaves the
-  /// rest to it.
-  private var resumeEvent: OpaquePointer?
   private let loopThreadID = Atomic<UInt>(0)
   private let state = Locked<State>(.idle)
   private let finished = DispatchSemaphore(value: 0)
@@ -32,9 +29,6 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   public private(set) var longestJobPass = 0.0
   public private(set) var slowJobPasses = 0
   public static let slowJobPass = 0.010
-  /// A pass of jobs stops after this long and leaves the rest for after the next poll for I/O: a burst of resumed
-  /// tasks (thousands of accounts' polls answered at once) never holds sockets, heartbeats and timers for long.
-  public static let jobPassBudget = 0.005
 
   public init() throws(EventLoopError) {
     _ = EventLoop.enableThreads
@@ -47,17 +41,10 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
       throw EventLoopError(operation: "event_new(wake)")
     }
     wakeEvent = wake
-    guard let resume = event_new(base, -1, 0, eventLoopWakeCallback, context) else {
-      event_free(wake)
-      event_base_free(base)
-      throw EventLoopError(operation: "event_new(resume)")
-    }
-    resumeEvent = resume
   }
 
   deinit {
     if let wakeEvent { event_free(wakeEvent) }
-    if let resumeEvent { event_free(resumeEvent) }
     event_base_free(base)
   }
 
@@ -180,22 +167,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
       // the loop then enters a loop actor without a switch, and its nonisolated code stays on this thread.
       let executor = asUnownedSerialExecutor()
       let taskExecutor = asUnownedTaskExecutor()
-      for (index, job) in batch.enumerated() {
-        job.runSynchronously(isolatedTo: executor, taskExecutor: taskExecutor)
-        guard MonotonicClock.seconds() - started > EventLoop.jobPassBudget else { continue }
-        // Over budget: what is left goes back in front (order kept) and runs after the next poll for I/O. A 1 µs
-        // timer, not an activation: libevent runs an event activated now in this same pass (see `nextTurn`).
-        let rest = batch[(index + 1)...]
-        let more = pending.withLock { jobs -> Bool in
-          jobs.insert(contentsOf: rest, at: 0)
-          return !jobs.isEmpty
-        }
-        if more {
-          var soon = timeval(tv_sec: 0, tv_usec: 1)
-          LibeventCall.invariant(event_add(resumeEvent, &soon), "event_add(resume)")
-        }
-        return
-      }
+      for job in batch { job.runSynchronously(isolatedTo: executor, taskExecutor: taskExecutor) }
     }
   }
 }

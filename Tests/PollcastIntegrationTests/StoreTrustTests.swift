@@ -150,11 +150,21 @@ import Testing
     // A node is ready as a follower before it first takes the lease: m1 waits until the leader polls, or it would
     // be older than the first session's newest id (start_from latest) and rightly never relayed. The full suite
     // lost that race once in four runs.
+    // "live" on the first node's stream was not enough (the full suite timed out on m1 once more): m1 also waits
+    // until the leader's poll hangs in the fixture, so its session's newest id is fixed before m1.
     try clients[0].waitUntil(timeout: 10 * timingFactor, "live") {
       $0.events.contains { $0.type == "upstream" && $0.data.contains("live") }
     }
+    let polling = MonotonicClock.seconds() + 10 * timingFactor
+    while await fixture.statistics().pollsInFlight < 1 && MonotonicClock.seconds() < polling {
+      try await Task.sleep(for: .milliseconds(20))
+    }
     _ = await fixture.append(user: "101", texts: ["m1"])
-    for client in clients { try client.waitUntil(timeout: 10, "m1") { $0.relayedMessages.count == 1 } }
+    for (index, client) in clients.enumerated() {
+      try client.waitUntil(timeout: 10 * timingFactor, "m1 on node \(index == 0 ? "a" : "b")") {
+        $0.relayedMessages.count == 1
+      }
+    }
     let head = try #require(UInt64(clients[0].events(ofType: "message").last?.lastEventID ?? ""))
     _ = try ClusterTests.RedisProcess.send(
       "XADD pollcast{shared}:events \(head + 1000)-0 d junk-written-by-hand", to: redis.socket)

@@ -301,18 +301,26 @@ import Testing
     for bad in ["x", "3-1", "1-", "1-2,", "-5"] { #expect(UnissuedRanges.decode(bad) == nil, "\(bad)") }
   }
 
+  /// A store holding event 5 of the shared feed (head 5, floor 0), closed.
+  private func storeOfOneEvent() throws {
+    let store = try SQLiteEventStore.open(path: path)
+    defer { store.close() }
+    try commit(store, StoreBatch(feed: "shared", events: [event(5)], position: nil, headID: 5, floorID: 0))
+  }
+
+  /// Runs `sql` on the closed store file, as damage from outside the relay would.
+  private func damage(_ sql: String) {
+    var db: OpaquePointer?
+    #expect(sqlite3_open(path, &db) == SQLITE_OK)
+    #expect(sqlite3_exec(db, sql, nil, nil, nil) == SQLITE_OK)
+    sqlite3_close(db)
+  }
+
   /// A stored head beyond any id the relay issues is damage (it used to crash the relay at start: SIGILL).
   @Test func aStoredHeadBeyondAnyIDIsCorruptNotACrash() throws {
     defer { try? FileManager.default.removeItem(at: directory) }
-    do {
-      let store = try SQLiteEventStore.open(path: path)
-      try commit(store, StoreBatch(feed: "shared", events: [event(5)], position: nil, headID: 5, floorID: 0))
-      store.close()
-    }
-    var db: OpaquePointer?
-    #expect(sqlite3_open(path, &db) == SQLITE_OK)
-    #expect(sqlite3_exec(db, "UPDATE feeds SET head_id = -1", nil, nil, nil) == SQLITE_OK)
-    sqlite3_close(db)
+    try storeOfOneEvent()
+    damage("UPDATE feeds SET head_id = -1")
     let store = try SQLiteEventStore.open(path: path)
     defer { store.close() }
     do {
@@ -328,16 +336,9 @@ import Testing
   /// be read back. CI's store fuzzer found such a file (a precondition trap, reported by ASan in the crash handler).
   @Test func aStoredFloorAboveTheHeadIsCorruptNotAHiddenCommit() throws {
     defer { try? FileManager.default.removeItem(at: directory) }
-    do {
-      let store = try SQLiteEventStore.open(path: path)
-      try commit(store, StoreBatch(feed: "shared", events: [event(5)], position: nil, headID: 5, floorID: 0))
-      store.close()
-    }
+    try storeOfOneEvent()
     for floor in ["9", "-3"] {
-      var db: OpaquePointer?
-      #expect(sqlite3_open(path, &db) == SQLITE_OK)
-      #expect(sqlite3_exec(db, "UPDATE feeds SET floor_id = \(floor)", nil, nil, nil) == SQLITE_OK)
-      sqlite3_close(db)
+      damage("UPDATE feeds SET floor_id = \(floor)")
       let store = try SQLiteEventStore.open(path: path)
       defer { store.close() }
       do {

@@ -87,7 +87,8 @@ import Testing
     func startRelay(clock: UInt64) async throws -> Relay {
       let store = try SQLiteEventStore.open(path: path)
       let adapter = ChatAdapter(
-        baseURL: "http://\(fixture.address)", holdSeconds: 1, marginSeconds: 1, requestTimeout: 3)
+        baseURL: "http://\(fixture.address)", holdSeconds: 1, marginSeconds: 1, requestTimeout: 3,
+        credential: "dev-key")
       return try await Relay.start(
         server: ServerSettings(host: "127.0.0.1", port: 0), feed: FeedSettings(heartbeatInterval: 5), logger: logger,
         ids: EventIDAllocator(startMicroseconds: clock), store: store,
@@ -148,7 +149,9 @@ import Testing
         store: try SQLiteEventStore.open(path: path),
         accounts: (
           AccountHub.Upstream(
-            makeAdapter: { _ in ChatAdapter(baseURL: base, holdSeconds: 1, marginSeconds: 1, requestTimeout: 3) },
+            makeAdapter: {
+              ChatAdapter(baseURL: base, holdSeconds: 1, marginSeconds: 1, requestTimeout: 3, credential: $0)
+            },
             worker: worker, feed: FeedSettings()),
           AccountsHarness.fastSettings()
         ))
@@ -287,7 +290,8 @@ import Testing
     options.linkedUserID = nil
     let fixture = try await LegacyFixture.start(options)
     let store = FlakyStore()
-    let adapter = ChatAdapter(baseURL: "http://\(fixture.address)", holdSeconds: 1, marginSeconds: 1, requestTimeout: 3)
+    let adapter = ChatAdapter(
+      baseURL: "http://\(fixture.address)", holdSeconds: 1, marginSeconds: 1, requestTimeout: 3, credential: "dev-key")
     let relay = try await Relay.start(
       server: ServerSettings(host: "127.0.0.1", port: 0), feed: FeedSettings(heartbeatInterval: 5),
       logger: Logger(label: "test", level: .critical), store: store,

@@ -81,7 +81,8 @@ import Testing
     let store = RedisEventStore(
       address: try RedisAddress.parse(redis.url).get(), nodeID: name, commandTimeout: 1, source: "chat test",
       logger: logger)
-    let adapter = ChatAdapter(baseURL: "http://\(fixture.address)", holdSeconds: 1, marginSeconds: 1, requestTimeout: 3)
+    let adapter = ChatAdapter(
+      baseURL: "http://\(fixture.address)", holdSeconds: 1, marginSeconds: 1, requestTimeout: 3, credential: "dev-key")
     return try await Relay.start(
       server: ServerSettings(host: "127.0.0.1", port: 0), feed: FeedSettings(heartbeatInterval: 5), logger: logger,
       store: store, upstream: .init(adapter: adapter, settings: UpstreamHarness.fastSettings(), apiKey: "dev-key"),

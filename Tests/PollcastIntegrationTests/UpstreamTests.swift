@@ -115,7 +115,8 @@ import Testing
       server: ServerSettings(host: "127.0.0.1", port: 0), feed: FeedSettings(),
       logger: Logger(label: "test", level: .critical),
       upstream: .init(
-        adapter: ChatAdapter(baseURL: "http://\(fixture.address)"), settings: settings, apiKey: "wrong", seed: 3))
+        adapter: ChatAdapter(baseURL: "http://\(fixture.address)", credential: "wrong"), settings: settings,
+        apiKey: "wrong", seed: 3))
     try await Task.sleep(for: .seconds(1.5))
     let unauthorized = await fixture.statistics().unauthorized
     // Full jitter over [0, 0.2..0.4] s for 1.5 s: a handful of attempts, not hundreds.

@@ -68,7 +68,8 @@ extension Configuration {
     }
     return ChatAdapter(
       baseURL: upstream.url, holdSeconds: upstream.pollTimeoutSeconds, marginSeconds: upstream.requestMarginSeconds,
-      requestTimeout: upstream.requestTimeoutSeconds, connectTimeout: upstream.connectTimeoutSeconds)
+      requestTimeout: upstream.requestTimeoutSeconds, connectTimeout: upstream.connectTimeoutSeconds,
+      credential: credential ?? (upstream.apiKey.isEmpty ? nil : upstream.apiKey))
   }
 
   /// Per-user relaying's bounds and timings (`auth.mode = upstream`).

@@ -57,10 +57,7 @@ public enum RecipeCheck {
     // Which values print as [redacted], by name (never by value): what the recipe reads from the environment (a
     // URL excepted: only its userinfo and secret query values are hidden), the session's values, the credential.
     let environment = configuration.loadedRecipe.environment
-    let hidden = recipe.environmentNames.sorted().filter { name in
-      guard let value = environment[name] else { return false }
-      return !(value.hasPrefix("http://") || value.hasPrefix("https://")) && value.count >= 4
-    }
+    let hidden = recipe.environmentNames.sorted().filter { environment[$0].map(RecipeScope.isSecretValue) ?? false }
     let sessionNames = recipe.session.flatMap { $0.extract.map(\.0) }
     if !hidden.isEmpty || !sessionNames.isEmpty {
       let names = hidden.map { "$\($0)" } + sessionNames.map { "the session's \($0)" }

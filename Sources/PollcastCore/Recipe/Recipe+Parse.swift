@@ -92,16 +92,13 @@ struct RecipeReader {
   // MARK: The recipe
 
   static let topKeys: Set<String> = [
-    "recipe", "name", "stream", "vars", "session", "sync", "poll", "fetch", "cursor", "rules", "user",
+    "recipe", "name", "stream", "streams", "vars", "session", "sync", "poll", "fetch", "cursor", "rules", "user",
   ]
 
   mutating func recipe(_ value: JSONValue) -> Recipe? {
     guard let top = object(value, "recipe", keys: RecipeReader.topKeys) else { return nil }
     if let version = top["recipe"], version != .number(1) {
       problem("recipe.recipe", "only version 1 is known")
-    }
-    for unsupported in ["sync"] where top[unsupported] != nil {
-      problem("recipe.\(unsupported)", "not supported yet by this build (session steps and the poll are)")
     }
     let name = string(top["name"], "recipe.name") ?? "recipe"
     let stream = string(top["stream"], "recipe.stream") ?? "default"
@@ -156,6 +153,29 @@ struct RecipeReader {
         problem("recipe.session", "expected an array of steps, got \(sessionValue.kind)")
       }
     }
+    var streams: [RecipeTemplate] = []
+    if let streamsValue = top["streams"] {
+      if case .array(let items) = streamsValue, !items.isEmpty {
+        for (index, item) in items.enumerated() {
+          if let template = template(item, "recipe.streams[\(index)]") { streams.append(template) }
+        }
+      } else {
+        problem("recipe.streams", "expected a non-empty array of stream names (templates), got \(streamsValue.kind)")
+      }
+    }
+    var sync: Recipe.Sync?
+    if let syncValue = top["sync"] {
+      if case .object(var members) = syncValue {
+        let ids = members.removeValue(forKey: "ids")
+        if ids == nil { problem("recipe.sync.ids", "required: a pointer to the map of newest ids by stream") }
+        let pointer = self.pointer(ids, "recipe.sync.ids", wildcard: false)
+        if let parsed = step(.object(members), "recipe.sync", label: "sync", events: false), let pointer {
+          sync = Recipe.Sync(step: parsed.step, ids: pointer)
+        }
+      } else {
+        problem("recipe.sync", "expected an object (a step with ids), got \(syncValue.kind)")
+      }
+    }
     guard let pollValue = top["poll"] else {
       problem("recipe.poll", "required: the long-poll request")
       return nil
@@ -205,9 +225,12 @@ struct RecipeReader {
       rules: rules, user: user)
     recipe.fetch = fetchParsed?.step
     recipe.fetchWhile = fetchWhile
+    recipe.streams = streams
+    recipe.sync = sync
+    checkStreams(recipe)
     recipe.environmentVars = environmentVars
     var names = environmentNames
-    for step in session + [pollParsed.step] + (fetchParsed.map { [$0.step] } ?? []) {
+    for step in session + [pollParsed.step] + (fetchParsed.map { [$0.step] } ?? []) + (sync.map { [$0.step] } ?? []) {
       for (_, template) in step.templates("") {
         for case .env(let env, _) in template.placeholders { names.insert(env) }
       }
@@ -235,8 +258,16 @@ struct RecipeReader {
           }
         case .name(let name) where !known.contains(name):
           reader.append("\(path): {\(name)} but no var or earlier session step's extract defines \(name)")
-        case .cursor, .next:
+        case .cursors:
           if !cursor {
+            reader.append("\(path): {cursors} is only known in the poll")
+          } else if !recipe.isMultiStream {
+            reader.append("\(path): {cursors} needs several streams (poll.events.stream); one stream's is {cursor}")
+          }
+        case .cursor, .next:
+          if cursor && recipe.isMultiStream {
+            reader.append("\(path): \(placeholder.spelled) but the recipe has several streams: send {cursors}")
+          } else if !cursor {
             reader.append(
               "\(path): \(placeholder.spelled) is only known in the poll (a session runs before any cursor)")
           } else if placeholder == .next && recipe.cursor.opaque {
@@ -264,6 +295,14 @@ struct RecipeReader {
         known.insert(name)
       }
     }
+    for (index, template) in recipe.streams.enumerated() {
+      check("recipe.streams[\(index)]", template, cursor: false, reader: &found)
+    }
+    if let sync = recipe.sync {
+      for (path, template) in sync.step.templates("recipe.sync") {
+        check(path, template, cursor: false, reader: &found)
+      }
+    }
     var polling = recipe.poll.templates("recipe.poll")
     if let fetch = recipe.fetch { polling += fetch.templates("recipe.fetch") }
     for (path, template) in polling { check(path, template, cursor: true, reader: &found) }
@@ -287,6 +326,35 @@ struct RecipeReader {
       check("recipe.poll.events.id.template", template, cursor: true, reader: &found)
     }
     if let user = recipe.user { check("recipe.user", user, cursor: false, reader: &found) }
+  }
+
+  /// What a recipe of several streams needs, and what it cannot have in this build: per-stream integer cursors
+  /// (an opaque cursor is the API's one text), no fetch step, no `cursor.index`, no reset rules (which stream's?).
+  mutating func checkStreams(_ recipe: Recipe) {
+    let scope = recipe.cursor.scope
+    guard recipe.isMultiStream else {
+      if !recipe.streams.isEmpty {
+        problem("recipe.streams", "several streams need poll.events.stream (the map's key, or an event field)")
+      }
+      if scope == "stream" { problem("recipe.cursor.scope", "stream needs several streams (poll.events.stream)") }
+      return
+    }
+    if recipe.streams.isEmpty {
+      problem("recipe.streams", "required with poll.events.stream: the streams the poll asks for")
+    }
+    if scope == "global" { problem("recipe.cursor.scope", "global, but the events fall into several streams") }
+    if recipe.cursor.opaque {
+      problem("recipe.cursor.type", "several streams need integer cursors (an opaque cursor is one for all)")
+    }
+    if recipe.fetch != nil { problem("recipe.fetch", "not supported with several streams") }
+    if recipe.cursor.index != nil { problem("recipe.cursor.index", "not supported with several streams") }
+    if recipe.cursor.initial != nil {
+      problem("recipe.cursor.initial", "several streams start from the sync step's ids (recipe.sync), or at 0")
+    }
+    if recipe.events.format == .raw { problem("recipe.poll.events.format", "raw events have no stream") }
+    for rule in recipe.rules where rule.actions.contains(.reset) {
+      problem("\(rule.path).do", "reset is not supported with several streams (which stream's cursor?)")
+    }
   }
 
   // MARK: Steps

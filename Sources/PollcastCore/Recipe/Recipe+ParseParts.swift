@@ -6,8 +6,19 @@ extension RecipeReader {
 
   mutating func events(_ value: JSONValue, _ path: String) -> Recipe.Events? {
     guard let members = object(value, path, keys: ["pointer", "id", "skip", "format", "stream"]) else { return nil }
-    if members["stream"] != nil {
-      problem("\(path).stream", "several streams per recipe are not supported yet (use recipe.stream)")
+    var stream: Recipe.Events.StreamSource?
+    switch members["stream"] {
+    case nil: break
+    case .string("key")?: stream = .key
+    case .object(let fields)? where fields.keys.contains("event"):
+      if object(members["stream"]!, "\(path).stream", keys: ["event"]) != nil,
+        let field = pointer(fields["event"], "\(path).stream.event", wildcard: false)
+      {
+        if field.isEmpty { problem("\(path).stream.event", "names the whole event, not a field of it") }
+        stream = .event(field)
+      }
+    case let other?:
+      problem("\(path).stream", "expected \"key\" (the map's keys) or {\"event\": POINTER}, got \(other.kind)")
     }
     let pointer = self.pointer(members["pointer"], "\(path).pointer", wildcard: true) ?? ""
     var format = Recipe.Events.Format.json
@@ -41,12 +52,13 @@ extension RecipeReader {
       }
     }
     if members["id"] != nil && id == nil { return nil }
-    return Recipe.Events(pointer: pointer, id: id, skip: skip, format: format)
+    return Recipe.Events(pointer: pointer, stream: stream, id: id, skip: skip, format: format)
   }
 
   mutating func source(_ value: JSONValue, _ path: String) -> Recipe.Source? {
     guard
-      let members = object(value, path, keys: ["body", "header", "event", "const", "from", "name", "add", "unit"])
+      let members = object(
+        value, path, keys: ["body", "header", "event", "const", "from", "name", "add", "unit", "optional"])
     else { return nil }
     var origins: [Recipe.Source.Origin] = []
     // A body pointer may hold one `*`: the first element or member that has the rest (CometD's `/*/ext/ack`, in
@@ -88,6 +100,13 @@ extension RecipeReader {
         problem("\(path).add", "expected an integer, got \(add.kind)")
       }
     }
+    if let optional = members["optional"] {
+      if case .bool(let flag) = optional, path.contains(".extract.") {
+        source.optional = flag
+      } else {
+        problem("\(path).optional", "a boolean, and only on a session step's extract")
+      }
+    }
     if let unit = string(members["unit"], "\(path).unit") {
       switch unit {
       case "s": source.milliseconds = false
@@ -103,7 +122,7 @@ extension RecipeReader {
     guard
       let members = object(
         value, "recipe.cursor",
-        keys: ["type", "scope", "initial", "index", "backwards", "value", "dedupe", "session"])
+        keys: ["type", "scope", "initial", "index", "backwards", "value", "dedupe", "session", "list"])
     else { return nil }
     var cursor = Recipe.Cursor()
     if let type = string(members["type"], "recipe.cursor.type") {
@@ -113,13 +132,27 @@ extension RecipeReader {
       default: problem("recipe.cursor.type", "\"\(type)\" is not integer or opaque")
       }
     }
-    if let scope = string(members["scope"], "recipe.cursor.scope"), scope != "global" {
-      problem("recipe.cursor.scope", "\"\(scope)\": only global (one stream) is supported yet")
+    if let scope = string(members["scope"], "recipe.cursor.scope") {
+      if scope != "global" && scope != "stream" {
+        problem("recipe.cursor.scope", "\"\(scope)\" is not global (one cursor) or stream (one per stream)")
+      }
+      cursor.scope = scope
+    }
+    if let list = members["list"], let fields = object(list, "recipe.cursor.list", keys: ["each", "join"]) {
+      if let each = string(fields["each"], "recipe.cursor.list.each") {
+        let placeholders = RecipeTemplate(each).placeholders
+        if !placeholders.contains(.cursor) { problem("recipe.cursor.list.each", "must hold {cursor}") }
+        for placeholder in placeholders where placeholder != .cursor && placeholder != .name("stream") {
+          problem("recipe.cursor.list.each", "\(placeholder.spelled): only {stream} and {cursor} are known here")
+        }
+        cursor.listEach = RecipeTemplate(each)
+      }
+      if let join = string(fields["join"], "recipe.cursor.list.join") { cursor.listJoin = join }
     }
     if let backwards = string(members["backwards"], "recipe.cursor.backwards"), backwards != "follow" {
       problem("recipe.cursor.backwards", "\"\(backwards)\": only follow is supported yet (see cursor.index)")
     }
-    let sourceKeys: Set<String> = ["body", "header", "event", "const", "from", "name", "add", "unit"]
+    let sourceKeys: Set<String> = ["body", "header", "event", "const", "from", "name", "add", "unit", "optional"]
     if let valueMember = members["value"] {
       if !cursor.opaque {
         problem(

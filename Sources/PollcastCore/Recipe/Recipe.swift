@@ -4,9 +4,10 @@ import Foundation
 /// ids are, where the cursor starts, and rules from answers to actions. `RecipeAdapter` runs it; `Recipe.parse`
 /// validates it at load and names every problem by its path (`recipe.poll.query.since: …`).
 ///
-/// This build runs recipes whose cursor is an unsigned integer on one stream (the last relayed event's id, as
-/// today's adapters have it); opaque cursors, a cursor sync step, fetch-after-notify and several streams per
-/// recipe are named as not supported yet when a recipe asks for them.
+/// One stream with an integer cursor (the last relayed event's id) or an opaque one (the API's own text), or
+/// several streams (events in a map keyed by stream, or a stream field per event) each with its own integer cursor,
+/// sent together as `{cursors}`; an optional cursor sync reads the API's newest id per stream. The reference chat
+/// API is such a recipe (`Recipe.chat`).
 public struct Recipe: Sendable {
   /// Shown in status events (`adapter`) and the store's source record.
   public var name: String
@@ -15,6 +16,12 @@ public struct Recipe: Sendable {
   /// The vars' names (placed as they are in a URL), kept with them: a poll does not rebuild the set.
   private(set) var varNames: Set<String> = []
   public var session: [Step]
+  /// Several streams: the streams the poll asks for, rendered once the session ran (one with no value, or empty,
+  /// is left out: the chat API's `linked_user_id` is null for an account with no link). Empty: one stream, `stream`.
+  public var streams: [RecipeTemplate] = []
+  /// The cursor sync (the chat API's `GET /api/messages/last`): at (re)start and every `upstream.resync_interval`,
+  /// the API's newest id per stream, at `ids` (a map keyed by stream) in its answer.
+  public var sync: Sync?
   public var poll: Step
   /// Fetch-after-notify (Dropbox `longpoll` + `continue`): a poll that only says "there is news" is followed by
   /// this step, repeated while `fetchWhile` holds on its answer; the events then come from it.
@@ -64,6 +71,15 @@ public struct Recipe: Sendable {
     public var extract: [(String, Source)]
   }
 
+  public struct Sync: Sendable {
+    public var step: Step
+    /// A pointer to a map from stream name to the newest id.
+    public var ids: String
+  }
+
+  /// Whether the events fall into several streams, each with its own integer cursor.
+  public var isMultiStream: Bool { events.stream != nil }
+
   public struct Source: Sendable, Equatable {
     public enum Origin: Sendable, Equatable {
       case body(String)
@@ -78,11 +94,22 @@ public struct Recipe: Sendable {
     public var add: Int64 = 0
     /// For delays: the value is in milliseconds.
     public var milliseconds = false
+    /// A session step's extract that may be absent or null (the chat API's `linked_user_id`): the name then has no
+    /// value, and a template that uses it is left out where that is allowed (a `streams` entry, a query member
+    /// that is only it).
+    public var optional = false
   }
 
   public struct Events: Sendable {
     public enum Format: String, Sendable { case json, raw }
+    /// Where an event's stream is: the key of the map the pointer names (each member an array of events), or a
+    /// field of the event.
+    public enum StreamSource: Sendable, Equatable {
+      case key
+      case event(String)
+    }
     public var pointer: String
+    public var stream: StreamSource?
     /// The event's id: the cursor for an integer recipe; shown as `upstream_id` for an opaque one (optional there).
     public var id: Source?
     /// The `generic` adapter's events rule: `""` with an array body is its elements (else the whole body), a
@@ -109,6 +136,12 @@ public struct Recipe: Sendable {
     /// starting one (which would lose what came meanwhile), and a new session's cursor starts from `initial`, with
     /// a gap, when no rule reset it.
     public var session: [String] = []
+    /// Several streams: how `{cursors}` writes them — each as `each` (`{stream}` and `{cursor}` in it), joined by
+    /// `join`.
+    public var listEach = RecipeTemplate("{stream}:{cursor}")
+    public var listJoin = ","
+    /// As written (`global`, `stream`); nil: what the events imply.
+    var scope: String?
 
     public init() {}
   }
@@ -153,7 +186,7 @@ public struct Recipe: Sendable {
 
   /// Whether a request carries the credential (per-user relaying needs it).
   public var usesCredential: Bool {
-    (session + [poll]).contains { step in
+    (session + [poll] + (sync.map { [$0.step] } ?? [])).contains { step in
       step.templates("").contains { $0.1.placeholders.contains(.credential) }
     }
   }

@@ -39,7 +39,41 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     if recipe.session.isEmpty { sessionValues = [:] }
   }
 
-  public var canSync: Bool { false }
+  public var canSync: Bool { recipe.sync != nil }
+
+  /// The streams the session covers, in the recipe's order (`recipe.streams` rendered; one with no value or empty
+  /// is left out), or the recipe's one stream.
+  func sessionStreams() throws(UpstreamError) -> [String] {
+    guard recipe.isMultiStream else { return [recipe.stream] }
+    let scope = scope()
+    var streams: [String] = []
+    for template in recipe.streams {
+      guard let name = try? template.render(scope, .text), !name.isEmpty, !streams.contains(name) else { continue }
+      streams.append(name)
+    }
+    guard !streams.isEmpty else { throw UpstreamError(.decoding, "recipe.streams: the session names no stream") }
+    return streams
+  }
+
+  /// The streams `{cursors}` lists first (the last `prepare`'s): the primary account before its linked one.
+  var preparedStreams: [String] = []
+
+  /// `{cursors}`: each stream's cursor as `recipe.cursor.list` writes it, the prepared streams first, then any
+  /// other the worker holds a cursor for, by name.
+  func cursorList(_ cursors: [String: UInt64]) -> String {
+    let ordered =
+      preparedStreams.filter { cursors[$0] != nil } + cursors.keys.filter { !preparedStreams.contains($0) }.sorted()
+    let each = recipe.cursor.listEach
+    return ordered.map { stream in
+      each.parts.map { part -> String in
+        switch part {
+        case .literal(let text): text
+        case .placeholder(.cursor): String(cursors[stream]!)
+        case .placeholder: stream
+        }
+      }.joined()
+    }.joined(separator: recipe.cursor.listJoin)
+  }
   public var hasSession: Bool { sessionValues != nil }
   public func invalidateSession() {
     if !recipe.session.isEmpty { sessionValues = nil }
@@ -108,7 +142,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     if sessionValues == nil { try await runSession(client) }
     let id = try user.render(scope(), .text)
     guard !id.isEmpty else { throw UpstreamError(.decoding, "recipe.user is empty in the session's answer") }
-    return UpstreamIdentity(user: id, streams: [recipe.stream])
+    return UpstreamIdentity(user: id, streams: try sessionStreams())
   }
 
   public func restore(tokens: [String: String]) {
@@ -152,7 +186,27 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
         initial[recipe.stream] = try RecipeAnswer.integer(source, context, "recipe.cursor.initial")
       }
     }
-    return UpstreamPreparation(streams: [recipe.stream], lastIDs: nil, initialCursors: initial)
+    let streams = try sessionStreams()
+    preparedStreams = streams
+    return UpstreamPreparation(streams: streams, lastIDs: try await syncIDs(client, streams), initialCursors: initial)
+  }
+
+  /// The sync step's newest id per stream (nil without one).
+  private func syncIDs(_ client: UpstreamClient, _ streams: [String], isolation: isolated (any Actor)? = #isolation)
+    async throws(UpstreamError) -> [String: UInt64]?
+  {
+    guard let sync = recipe.sync else { return nil }
+    let current = scope()
+    let request = try RecipeRequest.build(
+      sync.step, current, recipe: recipe, timeout: min(sync.step.timeout ?? requestTimeout, timeoutCap ?? .infinity),
+      connectTimeout: connectTimeout, label: "sync")
+    let response = try await client.send(request)
+    let recipe = self.recipe
+    return try await RecipeAnswer.decode(response) { text, json in
+      RecipeAnswer.interpretSync(
+        status: response.status, headers: response.headers, text: text, json: json, recipe: recipe, scope: current,
+        streams: streams)
+    }.get()
   }
 
   private func runSession(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
@@ -223,7 +277,8 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       }
     }
     let cursor = reset?.to ?? cursors[recipe.stream] ?? 0
-    var current = scope(cursor: cursor)
+    var current = scope(cursor: recipe.isMultiStream ? nil : cursor)
+    if recipe.isMultiStream { current.cursorList = cursorList(cursors) }
     if recipe.cursor.opaque {
       current.opaque = true
       current.token = resetToken ?? stored ?? initialToken

@@ -212,6 +212,7 @@ enum RecipeAnswer {
     var values: [String: RecipeValue] = [:]
     for (name, source) in step.extract {
       guard let value = value(source, context) else {
+        if source.optional { continue }
         return SessionOutcome(
           values: .failure(
             UpstreamError(
@@ -221,6 +222,53 @@ enum RecipeAnswer {
       values[name] = value
     }
     return SessionOutcome(values: .success(values), rule: rule?.path)
+  }
+
+  // MARK: The cursor sync
+
+  /// A sync step's answer: the newest id of each of `streams` from the map at `recipe.sync.ids`. Defaults only
+  /// (rules read poll, session and fetch answers): 2xx is the answer, 401 a new session when the recipe has one, 429
+  /// and 503 wait for `Retry-After`, anything else backs off.
+  static func interpretSync(
+    status: Int, headers: [(name: String, value: String)], text: RepairedText, json: RawJSON?, recipe: Recipe,
+    scope: RecipeScope, streams: [String]
+  ) -> Result<[String: UInt64], UpstreamError> {
+    guard let sync = recipe.sync else { return .success([:]) }
+    var context = Context(json: json, headers: headers, scope: scope)
+    context.now = Date()
+    guard (200...299).contains(status) else {
+      if status == 401 && !recipe.session.isEmpty {
+        return .failure(UpstreamError(.sessionExpired, "sync: token refused (401)"))
+      }
+      return .failure(
+        UpstreamError(
+          .status(status), "sync answered \(status)", cause: snippet(text, scope),
+          retryAfter: retryDefault(status: status, context: context)))
+    }
+    guard let json else {
+      return .failure(UpstreamError(.decoding, "sync answer is not JSON", cause: snippet(text, scope)))
+    }
+    guard let map = sync.ids.isEmpty ? json : json.resolve(pointer: sync.ids), case .object(let members) = map.value
+    else {
+      return .failure(
+        UpstreamError(
+          .decoding, "recipe.sync.ids \"\(sync.ids)\" does not name an object in the answer",
+          cause: snippet(text, scope)))
+    }
+    var ids: [String: UInt64] = [:]
+    for (stream, value) in members {
+      guard let text = self.value(of: value)?.text, let id = UInt64(text.trimmingCharacters(in: .whitespaces)) else {
+        return .failure(
+          UpstreamError(
+            .decoding, "recipe.sync.ids: the id of stream \(stream) is not an unsigned integer",
+            cause: UpstreamResponse.scrub(String(value.rawText.prefix(40)), scope.redactions ?? scope.secrets)))
+      }
+      ids[stream] = id
+    }
+    for stream in streams where ids[stream] == nil {
+      return .failure(UpstreamError(.decoding, "recipe.sync.ids: the answer has no id for stream \(stream)"))
+    }
+    return .success(ids)
   }
 
   // MARK: Polls
@@ -255,7 +303,7 @@ enum RecipeAnswer {
     }
     // `after` with continue, empty or fetch: the wait before the next poll (Dropbox's `backoff`).
     let after = rule.flatMap { rule in rule.actions.contains(.retry) ? nil : rule.after.flatMap { delay($0, context) } }
-    var emptyAnswer = UpstreamPollAnswer(batches: [(recipe.stream, [])])
+    var emptyAnswer = UpstreamPollAnswer(batches: recipe.isMultiStream ? [] : [(recipe.stream, [])])
     emptyAnswer.nextPollAfter = after
     let empty = PollVerdict(action: .answer(emptyAnswer), rule: rule?.path)
     guard let rule else {
@@ -341,6 +389,11 @@ enum RecipeAnswer {
     func failed(_ error: UpstreamError) -> PollVerdict { PollVerdict(action: .error(error), rule: rule) }
     var elements: [RawJSON] = []
     var repairedText: RepairedText? = text
+    var answer = UpstreamPollAnswer(batches: [])
+    /// Each element's stream (several streams), in the order of `elements`.
+    var streams: [String] = []
+    /// The streams a map keyed by stream holds an array for (an empty one too), in its order.
+    var listed: [String] = []
     switch spec.format {
     case .raw:
       let wrapped = JSONText.object([
@@ -356,7 +409,49 @@ enum RecipeAnswer {
       guard let json = context.json else {
         return failed(UpstreamError(.decoding, "poll answer is not JSON", cause: snippet(text, context.scope)))
       }
-      if spec.genericShape {
+      if let source = spec.stream {
+        guard let target = spec.pointer.isEmpty ? json : json.resolve(pointer: spec.pointer) else {
+          return failed(
+            UpstreamError(.decoding, "recipe.poll.events.pointer \"\(spec.pointer)\" names nothing in the answer"))
+        }
+        switch (source, target.value) {
+        case (_, .null): break
+        case (.key, .object(let members)):
+          for (stream, value) in members {
+            switch value.value {
+            case .array(let items):
+              listed.append(stream)
+              elements += items
+              streams += repeatElement(stream, count: items.count)
+            case .null: break
+            default:
+              answer.rejected.append(UpstreamRejection(stream: stream, id: nil, reason: "not an array of events"))
+            }
+          }
+        case (.event(let field), .array(let items)):
+          for item in items {
+            guard let name = item.resolve(pointer: field).flatMap(value(of:))?.text, !name.isEmpty else {
+              answer.rejected.append(
+                UpstreamRejection(
+                  stream: nil, id: nil,
+                  reason: "event without a stream at recipe.poll.events.stream: \(String(item.rawText.prefix(120)))"))
+              continue
+            }
+            elements.append(item)
+            streams.append(name)
+          }
+        case (.key, _):
+          return failed(
+            UpstreamError(
+              .decoding, "the answer at recipe.poll.events.pointer is not an object keyed by stream",
+              cause: snippet(text, context.scope)))
+        case (.event, _):
+          return failed(
+            UpstreamError(
+              .decoding, "the answer at recipe.poll.events.pointer is not an array of events",
+              cause: snippet(text, context.scope)))
+        }
+      } else if spec.genericShape {
         if spec.pointer.isEmpty {
           if case .array(let items) = json.value { elements = items } else { elements = [json] }
         } else {
@@ -395,10 +490,12 @@ enum RecipeAnswer {
     let token = opaque ? nextToken(recipe.cursor, tokenContext) : nil
     var context = context
     if let token { context.scope.token = token }
-    var answer = UpstreamPollAnswer(batches: [])
     var messages: [UpstreamMessage] = []
+    /// Several streams: each message's stream, in the order of `messages`.
+    var messageStreams: [String] = []
     var keys: [String?] = []
-    for element in elements {
+    for (index, element) in elements.enumerated() {
+      let stream = index < streams.count ? streams[index] : recipe.stream
       var eventContext = context
       eventContext.event = element
       let shown = spec.id.flatMap { value($0, eventContext)?.text.trimmingCharacters(in: .whitespaces) }
@@ -407,7 +504,7 @@ enum RecipeAnswer {
         if let id, !opaque {
           answer.rejected.append(
             UpstreamRejection(
-              stream: recipe.stream, id: id, reason: "skipped by recipe.poll.events.skip", expected: true))
+              stream: stream, id: id, reason: "skipped by recipe.poll.events.skip", expected: true))
         }
         continue
       }
@@ -420,7 +517,7 @@ enum RecipeAnswer {
       guard container, let id else {
         answer.rejected.append(
           UpstreamRejection(
-            stream: recipe.stream, id: nil,
+            stream: stream, id: nil,
             reason: opaque
               ? "event is neither an object nor an array: \(String(element.rawText.prefix(120)))"
               : "event without an unsigned integer id at recipe.poll.events.id: \(String(element.rawText.prefix(120)))")
@@ -430,12 +527,13 @@ enum RecipeAnswer {
       guard !element.poisoned else {
         answer.rejected.append(
           UpstreamRejection(
-            stream: recipe.stream, id: opaque ? nil : id, reason: "nested deeper than \(RawJSON.maxDepth) levels"))
+            stream: stream, id: opaque ? nil : id, reason: "nested deeper than \(RawJSON.maxDepth) levels"))
         continue
       }
       let repaired =
         repairedText?.repaired(offset: element.offset, count: element.text.count) ?? !text.repairs.isEmpty
       messages.append(UpstreamMessage(id: id, raw: element.rawText, repaired: repaired, label: opaque ? shown : nil))
+      messageStreams.append(stream)
       if opaque, let dedupe = recipe.cursor.dedupe {
         keys.append(dedupeKey(element, dedupe.keys))
       } else {
@@ -445,6 +543,16 @@ enum RecipeAnswer {
     if opaque {
       answer.batches.append((recipe.stream, messages))  // the API's order: numbered in it later
       if let token { answer.tokens[recipe.stream] = token }
+    } else if spec.stream != nil {
+      var byStream: [String: [UpstreamMessage]] = [:]
+      var order = listed
+      for stream in listed { byStream[stream] = [] }
+      for (message, stream) in zip(messages, messageStreams) {
+        if byStream[stream] == nil { order.append(stream) }
+        byStream[stream, default: []].append(message)
+      }
+      // Sorted here, off the loop for a large answer: the worker then only checks the order.
+      for stream in order { answer.batches.append((stream, byStream[stream]!.sorted { $0.id < $1.id })) }
     } else {
       answer.batches.append((recipe.stream, messages.sorted { $0.id < $1.id }))
     }

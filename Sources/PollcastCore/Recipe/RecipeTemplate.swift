@@ -1,5 +1,5 @@
 /// A recipe string with placeholders: `{NAME}` (a var or a session step's extracted value), `{cursor}`,
-/// `{next}` (the cursor + 1), `{env:NAME}` (or `{env:NAME:-default}`) and `{credential}`. A `{` that does not open a placeholder (not
+/// `{next}` (the cursor + 1), `{cursors}` (every stream's cursor, as `recipe.cursor.list` joins them), `{env:NAME}` (or `{env:NAME:-default}`) and `{credential}`. A `{` that does not open a placeholder (not
 /// followed by a letter and a closing `}` with only name characters between) is literal, so inline JSON needs no
 /// escaping.
 public struct RecipeTemplate: Sendable, Equatable {
@@ -7,6 +7,7 @@ public struct RecipeTemplate: Sendable, Equatable {
     case name(String)
     case cursor
     case next
+    case cursors
     case env(String, default: String? = nil)
     case credential
 
@@ -15,6 +16,7 @@ public struct RecipeTemplate: Sendable, Equatable {
       case .name(let name): "{\(name)}"
       case .cursor: "{cursor}"
       case .next: "{next}"
+      case .cursors: "{cursors}"
       case .env(let name, let fallback): fallback.map { "{env:\(name):-\($0)}" } ?? "{env:\(name)}"
       case .credential: "{credential}"
       }
@@ -75,6 +77,7 @@ public struct RecipeTemplate: Sendable, Equatable {
     switch inner {
     case "cursor": return (.cursor, end)
     case "next": return (.next, end)
+    case "cursors": return (.cursors, end)
     case "credential": return (.credential, end)
     default: return (.name(String(inner)), end)
     }
@@ -118,6 +121,8 @@ struct RecipeScope {
   var token: String?
   /// Whether `{cursor}` is the opaque text rather than the integer.
   var opaque = false
+  /// A recipe of several streams: every stream's cursor as `recipe.cursor.list` joins them (`{cursors}`).
+  var cursorList: String?
 
   /// An opaque cursor's value: in a JSON body, `"{cursor}"` alone is a number when the API's cursor is an integer
   /// (CometD's `ext.ack`, which servers read as a number), and a string otherwise.
@@ -146,6 +151,7 @@ struct RecipeScope {
     case .name(let name): values[name]
     case .cursor: opaque ? token.map(RecipeScope.opaqueValue) : cursor.map(RecipeValue.init)
     case .next: cursor.map { RecipeValue($0 == .max ? $0 : $0 + 1) }
+    case .cursors: cursorList.map { RecipeValue(text: $0) }
     case .env(let name, let fallback): (environment[name] ?? fallback).map { RecipeValue(text: $0) }
     case .credential: credential.map { RecipeValue(text: $0) }
     }
@@ -163,11 +169,17 @@ struct RecipeScope {
   /// Values that must never be shown: the credential, the session's values, and what the recipe reads from the
   /// environment (a URL excepted: `redactURL` hides its userinfo and secret query values).
   var secrets: [String] {
-    func isURL(_ text: String) -> Bool { text.hasPrefix("http://") || text.hasPrefix("https://") }
-    var all = secretNames.compactMap { values[$0]?.text }.filter { !isURL($0) }
-    all += environmentNames.compactMap { environment[$0] }.filter { !isURL($0) }
-    if let credential { all.append(credential) }
-    return all.filter { $0.count >= 4 } + literalSecrets
+    var all = secretNames.compactMap { values[$0]?.text }.filter(RecipeScope.isSecretValue)
+    all += environmentNames.compactMap { environment[$0] }.filter(RecipeScope.isSecretValue)
+    if let credential, credential.count >= 4 { all.append(credential) }
+    return all + literalSecrets
+  }
+
+  /// Whether a session's or the environment's value is redacted as a whole: not a URL (`redactURL` hides a URL's
+  /// userinfo and secret query values, and its host must stay readable) and at least 4 characters (a shorter one
+  /// would cut every `1` or `true` out of a log line). `recipe check` names the same values as hidden.
+  static func isSecretValue(_ text: String) -> Bool {
+    !(text.hasPrefix("http://") || text.hasPrefix("https://")) && text.count >= 4
   }
 }
 

@@ -30,7 +30,9 @@ struct AccountsHarness: StoppableHarness {
       let settings = generic
       makeAdapter = { GenericAdapter(settings: settings, credential: $0) }
     } else {
-      makeAdapter = { _ in ChatAdapter(baseURL: base, holdSeconds: 1, marginSeconds: 1, requestTimeout: 3) }
+      makeAdapter = {
+        ChatAdapter(baseURL: base, holdSeconds: 1, marginSeconds: 1, requestTimeout: 3, credential: $0)
+      }
     }
     var server = ServerSettings(host: "127.0.0.1", port: 0)
     server.access = AccessSettings(allowQueryToken: true, admission: admission)

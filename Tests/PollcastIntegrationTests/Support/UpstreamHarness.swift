@@ -37,7 +37,8 @@ struct UpstreamHarness: StoppableHarness {
       adapter = GenericAdapter(settings: generic)
     } else {
       adapter = ChatAdapter(
-        baseURL: "http://\(fixture.address)", holdSeconds: hold, marginSeconds: 1, requestTimeout: 3)
+        baseURL: "http://\(fixture.address)", holdSeconds: hold, marginSeconds: 1, requestTimeout: 3,
+        credential: options.apiKey)
     }
     let relay = try await Relay.start(
       server: ServerSettings(host: "127.0.0.1", port: 0), feed: feed,

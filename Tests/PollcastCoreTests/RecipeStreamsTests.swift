@@ -1,0 +1,160 @@
+import Foundation
+import Testing
+
+@testable import PollcastCore
+
+/// Recipes of several streams (the chat API's shape): events in a map keyed by stream or with a stream field, a
+/// cursor per stream sent together as `{cursors}`, and the cursor sync. Without sockets.
+@Suite struct RecipeStreamsTests {
+  func problems(_ text: String) -> [String] {
+    if case .failure(let error) = Recipe.parse(text, context: .init(environment: [:], hasCredential: true)) {
+      return error.problems
+    }
+    return []
+  }
+
+  func events(_ recipe: Recipe, _ body: String) -> RecipeAnswer.PollVerdict {
+    let text = RepairedText(Array(body.utf8))
+    return RecipeAnswer.events(
+      recipe, text: text, context: RecipeAnswer.Context(json: try? RawJSON.parse(text.text), scope: RecipeScope()),
+      rule: nil)
+  }
+
+  /// `Config/recipes/chat.json` is what `upstream.adapter = chat` runs: a user who copies it gets the same relay.
+  @Test func theChatExampleIsTheBuiltInRecipe() throws {
+    let path = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent(
+      "../../Config/recipes/chat.json"
+    ).path
+    let file = try #require(FileManager.default.contents(atPath: path))
+    let example = try JSONDecoder().decode(JSONValue.self, from: file)
+    let builtIn = try JSONDecoder().decode(JSONValue.self, from: Data(Recipe.chatText.utf8))
+    #expect(example == builtIn)
+    let recipe = Recipe.chat(baseURL: "http://127.0.0.1:9/", holdSeconds: 25, marginSeconds: 10)
+    #expect(recipe.isMultiStream && recipe.sync != nil && recipe.usesCredential)
+    #expect(recipe.identityURL == "http://127.0.0.1:9/api/messages/poll")
+    #expect(recipe.poll.timeout == 35)
+  }
+
+  @Test func severalStreamsNameWhatTheyNeedAndWhatTheyCannotHave() {
+    let found = problems(
+      """
+      {"session":[{"url":"http://h/s","extract":{"u":{"body":"/u"}}}],
+       "sync":{"url":"http://h/last"},
+       "poll":{"url":"http://h/p","query":{"c":"{cursor}","all":"{cursors}"},
+         "events":{"pointer":"/e","stream":"key","id":{"event":"/id"}}},
+       "cursor":{"type":"opaque","value":{"body":"/next"},"scope":"global","list":{"each":"{stream}-{u}"}},
+       "rules":[{"status":400,"do":"reset","to":{"body":"/i"}}]}
+      """)
+    let expected = [
+      "recipe.sync.ids: required",
+      "recipe.streams: required with poll.events.stream",
+      "recipe.cursor.scope: global, but the events fall into several streams",
+      "recipe.cursor.type: several streams need integer cursors",
+      "recipe.cursor.list.each: must hold {cursor}",
+      "recipe.cursor.list.each: {u}: only {stream} and {cursor} are known here",
+      "recipe.rules[0].do: reset is not supported with several streams",
+      "recipe.poll.query.c: {cursor} but the recipe has several streams: send {cursors}",
+    ]
+    for text in expected {
+      #expect(found.contains { $0.hasPrefix(text) }, "missing: \(text)\nin: \(found.joined(separator: "\n"))")
+    }
+    let single = problems(
+      """
+      {"streams":["a"],"poll":{"url":"http://h/p","query":{"all":"{cursors}"},
+         "events":{"pointer":"/e","id":{"event":"/id"},"stream":{"event":""}}},"cursor":{"scope":"stream"}}
+      """)
+    #expect(single.contains { $0.hasPrefix("recipe.poll.events.stream.event: names the whole event") }, "\(single)")
+    let unstreamed = problems(
+      """
+      {"streams":["a"],"poll":{"url":"http://h/p","query":{"all":"{cursors}"},
+         "events":{"pointer":"/e","id":{"event":"/id"}}},"cursor":{"scope":"stream"}}
+      """)
+    for text in [
+      "recipe.streams: several streams need poll.events.stream", "recipe.cursor.scope: stream needs several streams",
+      "recipe.poll.query.all: {cursors} needs several streams",
+    ] {
+      #expect(unstreamed.contains { $0.hasPrefix(text) }, "missing: \(text)\nin: \(unstreamed)")
+    }
+  }
+
+  @Test func eventsFallIntoStreamsByTheMapsKeyOrAField() throws {
+    let chat = Recipe.chat(baseURL: "http://h", holdSeconds: 25, marginSeconds: 10)
+    let keyed = try #require(
+      {
+        if case .answer(let answer) = events(chat, #"{"101":[{"id":9},{"id":"8"}],"202":[],"303":7,"404":null}"#)
+          .action
+        {
+          return answer
+        }
+        return nil
+      }())
+    #expect(keyed.batches.map(\.stream) == ["101", "202"])
+    #expect(keyed.batches[0].messages.map(\.id) == [8, 9], "each stream's events in id order")
+    #expect(keyed.rejected == [UpstreamRejection(stream: "303", id: nil, reason: "not an array of events")])
+    if case .error(let error) = events(chat, "[1]").action {
+      #expect(error.message.contains("not an object keyed by stream"))
+    } else {
+      Issue.record("an array is not a map of streams")
+    }
+    // A stream field per event (one array of events for every channel).
+    let text = """
+      {"streams":["{env:A:-a}","b"],"poll":{"url":"http://h/p","query":{"c":"{cursors}"},
+         "events":{"pointer":"/events","stream":{"event":"/channel"},"id":{"event":"/seq"}}}}
+      """
+    guard case .success(let fielded) = Recipe.parse(text, context: .init(environment: [:], hasCredential: false)) else {
+      Issue.record("the fielded recipe does not parse")
+      return
+    }
+    guard
+      case .answer(let answer) = events(
+        fielded, #"{"events":[{"channel":"b","seq":4},{"channel":"a","seq":2},{"seq":3},{"channel":"b","seq":1}]}"#
+      ).action
+    else {
+      Issue.record("no answer")
+      return
+    }
+    #expect(answer.batches.map(\.stream) == ["b", "a"])
+    #expect(answer.batches[0].messages.map(\.id) == [1, 4])
+    #expect(answer.rejected.count == 1 && answer.rejected[0].reason.contains("without a stream"))
+  }
+
+  @Test func theSyncReadsEveryStreamsNewestID() {
+    let chat = Recipe.chat(baseURL: "http://h", holdSeconds: 25, marginSeconds: 10)
+    func sync(_ status: Int, _ body: String, streams: [String] = ["101", "202"]) -> Result<
+      [String: UInt64], UpstreamError
+    > {
+      var scope = RecipeScope()
+      scope.values = ["token": RecipeValue(text: "tok-secret")]
+      scope.secretNames = ["token"]
+      let text = RepairedText(Array(body.utf8))
+      return RecipeAnswer.interpretSync(
+        status: status, headers: [], text: text, json: try? RawJSON.parse(text.text), recipe: chat, scope: scope,
+        streams: streams)
+    }
+    #expect((try? sync(200, #"{"last_ids":{"101":5,"202":"7","999":1}}"#).get()) == ["101": 5, "202": 7, "999": 1])
+    func message(_ result: Result<[String: UInt64], UpstreamError>) -> String {
+      if case .failure(let error) = result { return error.description }
+      return "no error"
+    }
+    #expect(message(sync(200, #"{"last_ids":{"101":5}}"#)).contains("no id for stream 202"))
+    #expect(message(sync(200, #"{"last_ids":{"101":-5,"202":1}}"#)).contains("stream 101 is not an unsigned"))
+    #expect(message(sync(200, #"{"ids":{}}"#)).contains("does not name an object"))
+    if case .failure(let error) = sync(401, "{}") { #expect(error.kind == .sessionExpired) }
+    if case .failure(let error) = sync(500, "token tok-secret failed") {
+      #expect(error.kind == .status(500))
+      #expect(!error.description.contains("tok-secret"), "\(error.description)")
+    }
+  }
+
+  @Test func cursorsListEveryStreamPrimaryFirst() throws {
+    let adapter = ChatAdapter(baseURL: "http://127.0.0.1:9", credential: "key")
+    adapter.preparedStreams = ["202", "101"]
+    #expect(adapter.cursorList(["101": 5, "202": 7, "099": 1]) == "202:7,101:5,099:1")
+    var scope = adapter.scope()
+    scope.values["token"] = RecipeValue(text: "t")
+    scope.cursorList = adapter.cursorList(["101": 5, "202": 7])
+    let request = try RecipeRequest.build(
+      adapter.recipe.poll, scope, recipe: adapter.recipe, timeout: 35, connectTimeout: 1, label: "poll")
+    #expect(request.url == "http://127.0.0.1:9/api/messages/poll?cursor=202%3A7%2C101%3A5&timeout=25&token=t")
+  }
+}

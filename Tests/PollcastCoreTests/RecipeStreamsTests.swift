@@ -156,5 +156,13 @@ import Testing
     let request = try RecipeRequest.build(
       adapter.recipe.poll, scope, recipe: adapter.recipe, timeout: 35, connectTimeout: 1, label: "poll")
     #expect(request.url == "http://127.0.0.1:9/api/messages/poll?cursor=202%3A7%2C101%3A5&timeout=25&token=t")
+    // A session renders the members that do not move with the cursor once; a poll renders only its cursors.
+    let prefix = try #require(RecipeRequest.prefix(adapter.recipe.poll, scope, recipe: adapter.recipe))
+    #expect(prefix.url == "http://127.0.0.1:9/api/messages/poll?timeout=25&token=t")
+    #expect(prefix.dynamic.map(\.0) == ["cursor"])
+    let fast = try RecipeRequest.build(
+      adapter.recipe.poll, scope, recipe: adapter.recipe, timeout: 35, connectTimeout: 1, label: "poll",
+      prefix: prefix)
+    #expect(fast.url == "http://127.0.0.1:9/api/messages/poll?timeout=25&token=t&cursor=202%3A7%2C101%3A5")
   }
 }

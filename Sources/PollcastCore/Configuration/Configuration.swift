@@ -276,7 +276,9 @@ public enum AdapterKind: String, CaseIterable, Sendable { case chat, generic, re
 public struct LoadedRecipe: Sendable, Equatable {
   public var text = ""
   public var environment: [String: String] = [:]
-  public var recipe: Recipe?
+  public var recipe: Recipe? { didSet { storage = recipe.map(RecipeStorage.init) } }
+  /// The recipe held once for every account's adapter (per-user relaying makes thousands).
+  public private(set) var storage: RecipeStorage?
   public var problems: [String] = []
 
   public init() {}

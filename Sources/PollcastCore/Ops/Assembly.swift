@@ -59,9 +59,9 @@ extension Configuration {
     if adapterKind == .generic {
       return GenericAdapter(settings: genericSettings, credential: credential)
     }
-    if adapterKind == .recipe, let recipe = loadedRecipe.recipe {
+    if adapterKind == .recipe, let storage = loadedRecipe.storage {
       return RecipeAdapter(
-        recipe: recipe, environment: loadedRecipe.environment,
+        storage: storage, environment: loadedRecipe.environment,
         credential: credential ?? (upstream.apiKey.isEmpty ? nil : upstream.apiKey),
         pollTimeout: upstream.pollTimeoutSeconds + upstream.requestMarginSeconds,
         requestTimeout: upstream.requestTimeoutSeconds, connectTimeout: upstream.connectTimeoutSeconds)

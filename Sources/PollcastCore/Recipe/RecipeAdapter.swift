@@ -4,7 +4,9 @@ import Foundation
 /// poll at a time. What an answer means is decided by `RecipeAnswer.interpret` (a pure function, off the loop for a
 /// large body), so every rule is tested without sockets.
 public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-confined
-  public let recipe: Recipe
+  /// The recipe, held once for every adapter that runs it (`RecipeStorage`).
+  let storage: RecipeStorage
+  public final var recipe: Recipe { _read { yield storage.recipe } }
   public var name: String { recipe.name }
   let environment: [String: String]
   let credential: String?
@@ -26,17 +28,26 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// `recipe check`: no request waits longer than this, whatever the recipe's timeout.
   public var timeoutCap: Double?
 
-  public init(
+  public convenience init(
     recipe: Recipe, environment: [String: String], credential: String?, pollTimeout: Double = 70,
     requestTimeout: Double = 10, connectTimeout: Double = 5
   ) {
-    self.recipe = recipe
+    self.init(
+      storage: RecipeStorage(recipe), environment: environment, credential: credential, pollTimeout: pollTimeout,
+      requestTimeout: requestTimeout, connectTimeout: connectTimeout)
+  }
+
+  init(
+    storage: RecipeStorage, environment: [String: String], credential: String?, pollTimeout: Double = 70,
+    requestTimeout: Double = 10, connectTimeout: Double = 5
+  ) {
+    self.storage = storage
     self.environment = environment
     self.credential = credential
     self.pollTimeout = pollTimeout
     self.requestTimeout = requestTimeout
     self.connectTimeout = connectTimeout
-    if recipe.session.isEmpty { sessionValues = [:] }
+    if storage.recipe.session.isEmpty { sessionValues = [:] }
   }
 
   public var canSync: Bool { recipe.sync != nil }
@@ -61,18 +72,27 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// `{cursors}`: each stream's cursor as `recipe.cursor.list` writes it, the prepared streams first, then any
   /// other the worker holds a cursor for, by name.
   func cursorList(_ cursors: [String: UInt64]) -> String {
-    let ordered =
-      preparedStreams.filter { cursors[$0] != nil } + cursors.keys.filter { !preparedStreams.contains($0) }.sorted()
-    let each = recipe.cursor.listEach
-    return ordered.map { stream in
-      each.parts.map { part -> String in
+    var text = ""
+    func add(_ stream: String, _ cursor: UInt64) {
+      if !text.isEmpty { text += recipe.cursor.listJoin }
+      for part in recipe.cursor.listEach.parts {
         switch part {
-        case .literal(let text): text
-        case .placeholder(.cursor): String(cursors[stream]!)
-        case .placeholder: stream
+        case .literal(let literal): text += literal
+        case .placeholder(.cursor): text += String(cursor)
+        case .placeholder: text += stream
         }
-      }.joined()
-    }.joined(separator: recipe.cursor.listJoin)
+      }
+    }
+    var listed = 0
+    for stream in preparedStreams {
+      guard let cursor = cursors[stream] else { continue }
+      add(stream, cursor)
+      listed += 1
+    }
+    if listed < cursors.count {
+      for stream in cursors.keys.sorted() where !preparedStreams.contains(stream) { add(stream, cursors[stream]!) }
+    }
+    return text
   }
   public var hasSession: Bool { sessionValues != nil }
   public func invalidateSession() {
@@ -114,7 +134,10 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
 
   /// The scope without a cursor, built once per session (a poll only adds its cursor): a poll cycle allocates
   /// nothing for it.
-  private var baseScope: RecipeScope?
+  private var baseScope: RecipeScope? { didSet { if baseScope == nil { pollPrefix = nil } } }
+  /// The poll's URL with every query member that does not depend on the cursor, rendered once per session (a poll
+  /// then renders only its cursor's members), and the members it renders each time.
+  private var pollPrefix: RecipeRequest.Prefix?
 
   func scope(cursor: UInt64? = nil) -> RecipeScope {
     var scope: RecipeScope
@@ -172,6 +195,14 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     async throws(UpstreamError) -> UpstreamPreparation
   {
     if sessionValues == nil { try await runSession(client) }
+    var preparation = try preparation()
+    preparation.lastIDs = try await syncIDs(client, preparation.streams)
+    return preparation
+  }
+
+  /// The session's streams and where they start (synchronous: see `stepRequest`).
+  @inline(never)
+  private func preparation() throws(UpstreamError) -> UpstreamPreparation {
     var initial: [String: UInt64] = [:]
     if sessionRestored {
       sessionRestored = false
@@ -188,51 +219,87 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     }
     let streams = try sessionStreams()
     preparedStreams = streams
-    return UpstreamPreparation(streams: streams, lastIDs: try await syncIDs(client, streams), initialCursors: initial)
+    return UpstreamPreparation(streams: streams, lastIDs: nil, initialCursors: initial)
   }
 
   /// The sync step's newest id per stream (nil without one).
+  @inline(never)
   private func syncIDs(_ client: UpstreamClient, _ streams: [String], isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> [String: UInt64]?
   {
-    guard let sync = recipe.sync else { return nil }
-    let current = scope()
-    let request = try RecipeRequest.build(
-      sync.step, current, recipe: recipe, timeout: min(sync.step.timeout ?? requestTimeout, timeoutCap ?? .infinity),
-      connectTimeout: connectTimeout, label: "sync")
-    let response = try await client.send(request)
-    let recipe = self.recipe
-    return try await RecipeAnswer.decode(response) { text, json in
+    guard recipe.sync != nil else { return nil }
+    let step = try stepRequest(.sync)
+    let response = try await client.send(step.request)
+    let storage = self.storage
+    let scope = step.scope
+    let interpret: @Sendable (RepairedText, RawJSON?) -> Result<[String: UInt64], UpstreamError> = { text, json in
       RecipeAnswer.interpretSync(
-        status: response.status, headers: response.headers, text: text, json: json, recipe: recipe, scope: current,
-        streams: streams)
-    }.get()
+        status: response.status, headers: response.headers, text: text, json: json, recipe: storage.recipe,
+        scope: scope, streams: streams)
+    }
+    if RecipeAnswer.decodesHere(response) { return try RecipeAnswer.decodeHere(response.body, interpret).get() }
+    return try await RecipeAnswer.decode(response, interpret).get()
   }
 
+  enum StepName {
+    case sync
+    case session(Int, [String: RecipeValue])
+  }
+
+  /// A session or sync step's request and the scope it was built in. Synchronous and not inlined, like `planPoll`:
+  /// an async function's frame holds every temporary of its body, and the task keeps its largest frames for as long
+  /// as the account's worker runs (a 4 KB session frame stayed in every account's memory).
+  @inline(never)
+  private func stepRequest(_ name: StepName) throws(UpstreamError) -> (request: UpstreamRequest, scope: RecipeScope) {
+    switch name {
+    case .sync:
+      let sync = recipe.sync!
+      let current = scope()
+      let request = try RecipeRequest.build(
+        sync.step, current, recipe: recipe, timeout: min(sync.step.timeout ?? requestTimeout, timeoutCap ?? .infinity),
+        connectTimeout: connectTimeout, label: "sync", headerNames: storage.headerNames)
+      return (request, current)
+    case .session(let index, let values):
+      let step = recipe.session[index]
+      var building = scope()
+      building.values.merge(values) { _, new in new }
+      building.redactions = building.secrets  // the earlier steps' values are secrets too
+      let request = try RecipeRequest.build(
+        step, building, recipe: recipe, timeout: min(step.timeout ?? requestTimeout, timeoutCap ?? .infinity),
+        connectTimeout: connectTimeout, label: "session", headerNames: storage.headerNames)
+      return (request, building)
+    }
+  }
+
+  @inline(never)
   private func runSession(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError)
   {
     sessionValues = nil
     var values: [String: RecipeValue] = [:]
-    for (index, step) in recipe.session.enumerated() {
-      var building = scope()
-      building.values.merge(values) { _, new in new }
-      building.redactions = building.secrets  // the earlier steps' values are secrets too
-      let current = building
-      let request = try RecipeRequest.build(
-        step, current, recipe: recipe, timeout: min(step.timeout ?? requestTimeout, timeoutCap ?? .infinity),
-        connectTimeout: connectTimeout, label: "session")
-      let response = try await client.send(request)
-      let rules = recipe.rules
-      let path = "recipe.session[\(index)]"
-      let outcome = await RecipeAnswer.decode(response) { text, json in
+    for index in recipe.session.indices {
+      let step = try stepRequest(.session(index, values))
+      let response = try await client.send(step.request)
+      let storage = self.storage
+      let scope = step.scope
+      let interpret: @Sendable (RepairedText, RawJSON?) -> RecipeAnswer.SessionOutcome = { text, json in
         RecipeAnswer.interpretSession(
-          status: response.status, headers: response.headers, text: text, json: json, step: step, rules: rules,
-          scope: current, path: path)
+          status: response.status, headers: response.headers, text: text, json: json,
+          step: storage.recipe.session[index], rules: storage.recipe.rules, scope: scope,
+          path: "recipe.session[\(index)]")
       }
+      let outcome =
+        RecipeAnswer.decodesHere(response)
+        ? RecipeAnswer.decodeHere(response.body, interpret) : await RecipeAnswer.decode(response, interpret)
       lastRule = outcome.rule
       values.merge(try outcome.values.get()) { _, new in new }
     }
+    try established(values)
+  }
+
+  /// The session's values are in: the scope is built anew, and a pending reset to `cursor.initial` reads it.
+  @inline(never)
+  private func established(_ values: [String: RecipeValue]) throws(UpstreamError) {
     sessionValues = values
     baseScope = nil
     if let pending = pendingReset, pending.to == nil || (recipe.cursor.opaque && pending.token == nil),
@@ -252,10 +319,28 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     }
   }
 
+  /// What a poll decided before it went out, kept until its answer is read. Only this and the request stay in the
+  /// poll's async frame while the poll hangs (per-user relaying holds thousands): the answer is read in its own
+  /// function.
+  struct PollPlan {
+    var request: UpstreamRequest
+    var scope: RecipeScope
+    var reset: UpstreamCursorReset?
+    var resetToken: String?
+    var cursor: UInt64
+  }
+
   public func poll(
     _ client: UpstreamClient, cursors: [String: UInt64], tokens: [String: String] = [:],
     isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
+    let plan = try planPoll(cursors: cursors, tokens: tokens)
+    let response = try await client.send(plan.request)
+    return try await read(response, plan, client, isolation: isolation)
+  }
+
+  @inline(never)
+  private func planPoll(cursors: [String: UInt64], tokens: [String: String]) throws(UpstreamError) -> PollPlan {
     if sessionValues == nil { throw UpstreamError(.sessionExpired, "no session") }
     var reset: UpstreamCursorReset?
     var resetToken: String?
@@ -283,26 +368,45 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       current.opaque = true
       current.token = resetToken ?? stored ?? initialToken
     }
+    if pollPrefix == nil { pollPrefix = RecipeRequest.prefix(recipe.poll, scope(), recipe: recipe) }
     let request = try RecipeRequest.build(
       recipe.poll, current, recipe: recipe, timeout: min(recipe.poll.timeout ?? pollTimeout, timeoutCap ?? .infinity),
-      connectTimeout: connectTimeout, label: "poll")
-    let response = try await client.send(request)
-    let recipe = self.recipe
-    let sent = current
-    let verdict = await RecipeAnswer.decode(response) { text, json in
+      connectTimeout: connectTimeout, label: "poll", headerNames: storage.headerNames, prefix: pollPrefix)
+    return PollPlan(request: request, scope: current, reset: reset, resetToken: resetToken, cursor: cursor)
+  }
+
+  /// A poll's answer, read as the plan it went out with says.
+  @inline(never)
+  private func read(
+    _ response: UpstreamResponse, _ plan: PollPlan, _ client: UpstreamClient,
+    isolation: isolated (any Actor)? = #isolation
+  ) async throws(UpstreamError) -> UpstreamPollAnswer {
+    let storage = self.storage
+    let sent = plan.scope
+    let interpret: @Sendable (RepairedText, RawJSON?) -> RecipeAnswer.PollVerdict = { text, json in
       RecipeAnswer.interpretPoll(
-        status: response.status, headers: response.headers, text: text, json: json, recipe: recipe, scope: sent)
+        status: response.status, headers: response.headers, text: text, json: json, recipe: storage.recipe,
+        scope: sent)
     }
+    let verdict =
+      RecipeAnswer.decodesHere(response)
+      ? RecipeAnswer.decodeHere(response.body, interpret) : await RecipeAnswer.decode(response, interpret)
     lastRule = verdict.rule
-    var keys = verdict.keys
-    var action = verdict.action
-    if case .fetch = action {
-      (action, keys) = try await fetchAll(client, from: current)
-      if case .answer(var answer) = action, let after = verdict.after {
-        answer.nextPollAfter = after
-        action = .answer(answer)
-      }
+    guard case .fetch = verdict.action else { return try finish(verdict.action, keys: verdict.keys, plan) }
+    var (action, keys) = try await fetchAll(client, from: plan.scope)
+    if case .answer(var answer) = action, let after = verdict.after {
+      answer.nextPollAfter = after
+      action = .answer(answer)
     }
+    return try finish(action, keys: keys, plan)
+  }
+
+  /// What the answer means for the cursors and the session (synchronous: see `stepRequest`).
+  @inline(never)
+  private func finish(_ action: RecipeAnswer.PollAction, keys: [String?], _ plan: PollPlan) throws(UpstreamError)
+    -> UpstreamPollAnswer
+  {
+    let (reset, resetToken, cursor) = (plan.reset, plan.resetToken, plan.cursor)
     switch action {
     case .answer(var answer):
       if let reset {
@@ -319,7 +423,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     case .session(let reset):
       if let reset { pendingReset = (reset.to, reset.token, reset.gap, reset.reason) }
       invalidateSession()
-      throw UpstreamError(.sessionExpired, "\(verdict.rule ?? "status 401"): new session")
+      throw UpstreamError(.sessionExpired, "\(lastRule ?? "status 401"): new session")
     case .error(let error):
       throw error
     case .fetch:
@@ -331,6 +435,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// cursor while `fetch.repeat_while` holds (at most `maxFetchPages` times; the next poll goes on from there). The
   /// pages' events make one answer, stored in one commit with the last page's cursor: a crash between pages fetches
   /// them again, and the dedupe key drops what was relayed.
+  @inline(never)
   private func fetchAll(
     _ client: UpstreamClient, from start: RecipeScope, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> (RecipeAnswer.PollAction, [String?]) {
@@ -343,12 +448,12 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
         fetch, current, recipe: recipe, timeout: min(fetch.timeout ?? requestTimeout, timeoutCap ?? .infinity),
         connectTimeout: connectTimeout, label: "fetch")
       let response = try await client.send(request)
-      let recipe = self.recipe
+      let storage = self.storage
       let sent = current
       let verdict = await RecipeAnswer.decode(response) { text, json in
         RecipeAnswer.interpretPoll(
-          status: response.status, headers: response.headers, text: text, json: json, recipe: recipe, scope: sent,
-          step: "fetch")
+          status: response.status, headers: response.headers, text: text, json: json, recipe: storage.recipe,
+          scope: sent, step: "fetch")
       }
       lastRule = verdict.rule ?? lastRule
       guard case .answer(let page) = verdict.action else { return (verdict.action, keys) }
@@ -384,15 +489,30 @@ extension RecipeAdapter {
   }
 }
 
+/// A recipe held once for every adapter that runs it (per-user relaying makes thousands): an adapter holds this
+/// reference, a closure that reads the answer off the loop captures it, and no poll copies the recipe.
+public final class RecipeStorage: Sendable {
+  public let recipe: Recipe
+  /// `recipe.headerNames`, computed once: every request of the recipe asks for these.
+  let headerNames: [String]
+
+  public init(_ recipe: Recipe) {
+    self.recipe = recipe
+    headerNames = recipe.headerNames
+  }
+}
+
 /// A step's request, built from its templates: the URL with its query, the headers, and a JSON or form body.
 enum RecipeRequest {
   static func build(
-    _ step: Recipe.Step, _ scope: RecipeScope, recipe: Recipe, timeout: Double, connectTimeout: Double, label: String
+    _ step: Recipe.Step, _ scope: RecipeScope, recipe: Recipe, timeout: Double, connectTimeout: Double, label: String,
+    headerNames: [String]? = nil, prefix: Prefix? = nil
   ) throws(UpstreamError) -> UpstreamRequest {
     let vars = recipe.varNames
-    var url = try step.url.render(scope, .url, vars: vars)
+    var url: String
+    if let prefix { url = prefix.url } else { url = try step.url.render(scope, .url, vars: vars) }
     var query: [String] = []
-    for (name, template) in step.query {
+    for (name, template) in prefix?.dynamic ?? step.query {
       if let single = template.single, scope.value(of: single) == nil { continue }  // left out, as documented
       query.append("\(encodeQueryValue(name))=\(try template.render(scope, .encoded))")
     }
@@ -421,9 +541,45 @@ enum RecipeRequest {
     var request = UpstreamRequest(
       method: step.method, url: url, headers: headers, body: body, timeout: timeout, connectTimeout: connectTimeout,
       label: label)
-    request.wantedHeaders = recipe.headerNames
+    request.wantedHeaders = headerNames ?? recipe.headerNames
     request.redact = scope.redactions ?? scope.secrets
     return request
+  }
+
+  /// A step's URL with its query members that do not depend on the cursor, rendered in `scope` (a session's), and
+  /// the members that do. Nil when the URL itself holds the cursor, or a fixed member cannot be rendered (the poll
+  /// then renders everything, and names the problem).
+  struct Prefix {
+    var url: String
+    var dynamic: [(String, RecipeTemplate)]
+  }
+
+  static func prefix(_ step: Recipe.Step, _ scope: RecipeScope, recipe: Recipe) -> Prefix? {
+    func movesWithCursor(_ template: RecipeTemplate) -> Bool {
+      template.placeholders.contains { placeholder in
+        switch placeholder {
+        case .cursor, .next, .cursors: true
+        case .name(let name): name.hasPrefix("cursor.")
+        default: false
+        }
+      }
+    }
+    guard !movesWithCursor(step.url), var url = try? step.url.render(scope, .url, vars: recipe.varNames) else {
+      return nil
+    }
+    var fixed: [String] = []
+    var dynamic: [(String, RecipeTemplate)] = []
+    for (name, template) in step.query {
+      if movesWithCursor(template) {
+        dynamic.append((name, template))
+        continue
+      }
+      if let single = template.single, scope.value(of: single) == nil { continue }  // left out, as documented
+      guard let value = try? template.render(scope, .encoded) else { return nil }
+      fixed.append("\(encodeQueryValue(name))=\(value)")
+    }
+    if !fixed.isEmpty { url += (url.contains("?") ? "&" : "?") + fixed.joined(separator: "&") }
+    return Prefix(url: url, dynamic: dynamic)
   }
 
   /// A JSON body: strings are templates; one that is exactly a placeholder takes its value's JSON form.

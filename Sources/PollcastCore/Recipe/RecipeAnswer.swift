@@ -65,11 +65,22 @@ enum RecipeAnswer {
     _ interpret: @escaping @Sendable (RepairedText, RawJSON?) -> T
   ) async -> T {
     let body = response.body
-    return await response.offLoopIfLarge {
-      let text = RepairedText(body)
-      let trimmed = text.text.utf8.contains { !($0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09) }
-      return interpret(text, trimmed ? try? RawJSON.parse(text.text) : nil)
-    }
+    return await response.offLoopIfLarge { decodeHere(body, interpret) }
+  }
+
+  /// Whether `decode` would run here, on the loop: a caller then calls `decodeHere` and awaits nothing (an async call
+  /// costs its frame in the task's memory for as long as the task lives, and per-user relaying has a task per
+  /// account).
+  static func decodesHere(_ response: UpstreamResponse) -> Bool {
+    response.body.count <= UpstreamResponse.inlineDecodeLimit
+  }
+
+  /// The body decoded (UTF-8 repair, JSON when it is JSON) and interpreted, on this thread.
+  @inline(never)
+  static func decodeHere<T>(_ body: [UInt8], _ interpret: (RepairedText, RawJSON?) -> T) -> T {
+    let text = RepairedText(body)
+    let trimmed = text.text.utf8.contains { !($0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09) }
+    return interpret(text, trimmed ? try? RawJSON.parse(text.text) : nil)
   }
 
   // MARK: Sources and conditions
@@ -188,6 +199,7 @@ enum RecipeAnswer {
 
   // MARK: Session steps
 
+  @inline(never)  // called from async functions: inlined, its temporaries would sit in their frames
   static func interpretSession(
     status: Int, headers: [(name: String, value: String)], text: RepairedText, json: RawJSON?, step: Recipe.Step,
     rules: [Recipe.Rule], scope: RecipeScope, path: String
@@ -229,6 +241,7 @@ enum RecipeAnswer {
   /// A sync step's answer: the newest id of each of `streams` from the map at `recipe.sync.ids`. Defaults only
   /// (rules read poll, session and fetch answers): 2xx is the answer, 401 a new session when the recipe has one, 429
   /// and 503 wait for `Retry-After`, anything else backs off.
+  @inline(never)  // called from async functions: inlined, its temporaries would sit in their frames
   static func interpretSync(
     status: Int, headers: [(name: String, value: String)], text: RepairedText, json: RawJSON?, recipe: Recipe,
     scope: RecipeScope, streams: [String]
@@ -275,6 +288,7 @@ enum RecipeAnswer {
 
   /// A poll's answer, or (`step: "fetch"`) a fetch step's. With a fetch step, a poll's answer carries no events: it
   /// is news to fetch (a `fetch` rule) or none.
+  @inline(never)  // called from async functions: inlined, its temporaries would sit in their frames
   static func interpretPoll(
     status: Int, headers: [(name: String, value: String)], text: RepairedText, json: RawJSON?, recipe: Recipe,
     scope: RecipeScope, step: String = "poll"

@@ -97,17 +97,22 @@ public struct RecipeTemplate: Sendable, Equatable {
 /// number in a JSON request body).
 public struct RecipeValue: Sendable, Equatable {
   public var text: String
-  public var json: String
+  /// The JSON form when it is not the text quoted (a number, a JSON body's own spelling).
+  private var jsonText: String?
+  /// Quoted only when asked for: a value placed in a URL or a header (every poll's) never is.
+  public var json: String { jsonText ?? JSONText.quoted(text) }
 
   public init(text: String, json: String? = nil) {
     self.text = text
-    self.json = json ?? JSONText.quoted(text)
+    self.jsonText = json
   }
 
   public init(_ number: UInt64) {
     text = String(number)
-    json = text
+    jsonText = text
   }
+
+  public static func == (a: RecipeValue, b: RecipeValue) -> Bool { a.text == b.text && a.json == b.json }
 }
 
 /// What fills placeholders at one moment: the recipe's vars, the session's values, the cursor, the credential.

@@ -5,7 +5,7 @@
 /// without Swift.
 public final class ChatAdapter: RecipeAdapter, @unchecked Sendable {  // loop-confined
   /// One recipe per base URL and timing, shared by every account's adapter (per-user relaying makes thousands).
-  private static let recipes = Locked<[String: Recipe]>([:])
+  private static let recipes = Locked<[String: RecipeStorage]>([:])
 
   /// - Parameter credential: the API key the session step sends as a bearer token (the shared `upstream.api_key`,
   ///   or per-user relaying's subscriber key); nil sends none.
@@ -14,15 +14,16 @@ public final class ChatAdapter: RecipeAdapter, @unchecked Sendable {  // loop-co
     connectTimeout: Double = 5, credential: String? = nil
   ) {
     let key = "\(baseURL) \(holdSeconds) \(marginSeconds)"
-    let recipe = ChatAdapter.recipes.withLock { cache in
-      if let recipe = cache[key] { return recipe }
-      let recipe = Recipe.chat(baseURL: baseURL, holdSeconds: holdSeconds, marginSeconds: marginSeconds)
+    let storage = ChatAdapter.recipes.withLock { cache in
+      if let storage = cache[key] { return storage }
+      let storage = RecipeStorage(
+        Recipe.chat(baseURL: baseURL, holdSeconds: holdSeconds, marginSeconds: marginSeconds))
       if cache.count >= 16 { cache.removeAll() }  // tests make many; a relay has one
-      cache[key] = recipe
-      return recipe
+      cache[key] = storage
+      return storage
     }
     super.init(
-      recipe: recipe, environment: [:], credential: credential, pollTimeout: holdSeconds + marginSeconds,
+      storage: storage, environment: [:], credential: credential, pollTimeout: holdSeconds + marginSeconds,
       requestTimeout: requestTimeout, connectTimeout: connectTimeout)
   }
 

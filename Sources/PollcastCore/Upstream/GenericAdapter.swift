@@ -42,22 +42,21 @@ public final class GenericAdapter: RecipeAdapter, @unchecked Sendable {  // loop
   public init(settings: Settings, credential: String? = nil) {
     self.settings = settings
     super.init(
-      recipe: GenericAdapter.recipe(for: settings), environment: [:], credential: credential,
-      pollTimeout: settings.timeout,
-      connectTimeout: settings.connectTimeout)
+      storage: GenericAdapter.storage(for: settings), environment: [:], credential: credential,
+      pollTimeout: settings.timeout, connectTimeout: settings.connectTimeout)
   }
 
   /// One recipe per settings, shared by every account's adapter (per-user relaying makes thousands): a recipe's
   /// templates and arrays are then held once, not per account.
-  private static let recipes = Locked<[Settings: Recipe]>([:])
+  private static let recipes = Locked<[Settings: RecipeStorage]>([:])
 
-  static func recipe(for settings: Settings) -> Recipe {
+  static func storage(for settings: Settings) -> RecipeStorage {
     recipes.withLock { cache in
-      if let recipe = cache[settings] { return recipe }
-      let recipe = Recipe.generic(settings)
+      if let storage = cache[settings] { return storage }
+      let storage = RecipeStorage(Recipe.generic(settings))
       if cache.count >= 16 { cache.removeAll() }  // tests make many; a relay has one
-      cache[settings] = recipe
-      return recipe
+      cache[settings] = storage
+      return storage
     }
   }
 

@@ -59,12 +59,13 @@ enum FuzzChecks {
     scope.cursor = UInt64(rest.count)
     scope.opaque = recipe.cursor.opaque
     scope.token = recipe.cursor.opaque ? value : nil
+    scope.cursorList = recipe.isMultiStream ? "\(value):\(rest.count)" : nil
     // The fetch step (when there is one) is built and read like the poll, chosen by the first body byte.
     let fetching = recipe.fetch != nil && (rest.first ?? 0) & 0x80 != 0
-    if let request = try? RecipeRequest.build(
-      fetching ? recipe.fetch! : recipe.poll, scope, recipe: recipe, timeout: 5, connectTimeout: 1,
-      label: fetching ? "fetch" : "poll")
-    {
+    func checkRequest(_ step: Recipe.Step, _ label: String) {
+      guard
+        let request = try? RecipeRequest.build(step, scope, recipe: recipe, timeout: 5, connectTimeout: 1, label: label)
+      else { return }
       do {
         try OutgoingRequest.check(request)
         for (name, headerValue) in request.headers {
@@ -75,7 +76,19 @@ enum FuzzChecks {
         precondition(error.kind == .unsafeRequest)
       }
     }
+    checkRequest(fetching ? recipe.fetch! : recipe.poll, fetching ? "fetch" : "poll")
     let answer = RepairedText(body)
+    if let sync = recipe.sync {
+      // The cursor sync: its request passes the same check, and any answer gives an id for every stream or an error.
+      checkRequest(sync.step, "sync")
+      let streams = [value, "101"]
+      let ids = RecipeAnswer.interpretSync(
+        status: [200, 401, 503][Int(rest.first ?? 0) % 3], headers: [("Retry-After", value)], text: answer,
+        json: try? RawJSON.parse(answer.text), recipe: recipe, scope: scope, streams: streams)
+      if case .success(let found) = ids {
+        precondition(streams.allSatisfy { found[$0] != nil }, "a stream without an id")
+      }
+    }
     let verdict = RecipeAnswer.interpretPoll(
       status: [200, 204, 400, 401, 429, 503][Int(rest.first ?? 0) % 6],
       headers: [("X-Etcd-Index", value), ("Retry-After", value), ("Last-Modified", value), ("Etag", value)],
@@ -88,6 +101,7 @@ enum FuzzChecks {
       for batch in parsedAnswer.batches {
         precondition(zip(batch.messages, batch.messages.dropFirst()).allSatisfy { $0.id <= $1.id })
       }
+      precondition(Set(parsedAnswer.batches.map(\.stream)).count == parsedAnswer.batches.count, "one batch a stream")
     }
     if case .error(let error) = verdict.action, let delay = error.retryAfter { precondition(delay >= 0) }
   }

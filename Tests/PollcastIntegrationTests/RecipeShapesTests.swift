@@ -562,3 +562,92 @@ extension RecipeShapesTests {
     await fixture.shutdown()
   }
 }
+
+extension RecipeShapesTests {
+  /// `Config/recipes/chat.json` (the built-in chat adapter's own text) run as a user's recipe through the binary:
+  /// the session with the API key, the cursor sync, both streams (the account and its linked one) in one poll, each
+  /// message exactly once across a `kill -9` with the SQLite store.
+  @Test func theChatRecipeRelaysBothStreamsExactlyOnceAcrossAKill() async throws {
+    let fixture = try await LegacyFixture.start()
+    let logs = try NodeLogs("pollcast-chat-recipe", nodes: 1)
+    defer { logs.remove() }
+    let store = logs.directory.appendingPathComponent("relay.db").path
+    let environment = ["CHAT_URL": "http://\(fixture.address)"]
+    let key = ["--upstream-api-key", fixture.options.apiKey]
+    var node = try relay("chat.json", store: store, log: logs.files[0], environment: environment, extra: key)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    let reader = Reader()
+    try reader.connect(port: node.port)
+    reader.pump(for: 0.3)
+    let publisher = SteadyPublisher(fixture: fixture)
+    reader.pump(for: 1)
+    node.kill9()
+    try await Task.sleep(for: .milliseconds(300))
+    node = try relay("chat.json", store: store, log: logs.files[0], environment: environment, extra: key)
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    try reader.connect(port: node.port)
+    reader.pump(for: 1)
+    let expected = await publisher.stop()
+    pumpUntil(reader, count: expected.count)
+    expectExactlyOnce([reader], expected: expected, log: { logs.tails() })
+    // The linked account's stream is polled in the same request.
+    let linked = await fixture.append(user: "202", texts: ["to the linked account"])
+    let client = try #require(reader.client)
+    let deadline = MonotonicClock.seconds() + 10 * timingFactor
+    func linkedIDs() -> [UInt64] {
+      client.events.filter { $0.type == "message" }.compactMap { event in
+        guard let json = try? RawJSON.parse(event.data), json["stream"]?.stringValue == "202" else { return nil }
+        return json["upstream_id"]?.unsignedID
+      }
+    }
+    while linkedIDs().isEmpty && MonotonicClock.seconds() < deadline { _ = try? client.pump(timeout: 0.05) }
+    #expect(linkedIDs() == linked, "\(logs.tails())")
+    #expect(!logs.tails().contains(fixture.options.apiKey), "the API key is never logged")
+    let stats = await fixture.statistics()
+    #expect(stats.maxPollsInFlightPerToken == 1)
+    node.kill9()
+    await fixture.shutdown()
+  }
+
+  /// The chat recipe per user (`auth.mode upstream`): each subscriber's key opens its own session, and each
+  /// account gets only its own messages.
+  @Test func theChatRecipeRelaysEachSubscribersOwnAccount() async throws {
+    var options = LegacyFixture.Options()
+    options.accounts = 2
+    let fixture = try await LegacyFixture.start(options)
+    let logs = try NodeLogs("pollcast-chat-recipe-per-user", nodes: 1)
+    defer { logs.remove() }
+    let node = try RelayProcess(
+      arguments: [
+        "--listen", "127.0.0.1:0", "--auth-mode", "upstream", "--upstream-adapter", "recipe", "--upstream-recipe",
+        RecipeShapesTests.recipe("chat.json"), "--upstream-backoff-base-seconds", "0.05",
+        "--upstream-backoff-cap-seconds", "0.2", "--log-level", "info",
+      ], log: logs.files[0], environment: ["CHAT_URL": "http://\(fixture.address)"])
+    try await waitReady(port: node.port, timeout: 10 * timingFactor)
+    let alice = try TestSSEClient(port: node.port, headers: [("Authorization", "Bearer key-1000")])
+    let bob = try TestSSEClient(port: node.port, headers: [("Authorization", "Bearer key-1001")])
+    try await Task.sleep(for: .milliseconds(Int(800 * timingFactor)))
+    let aliceIDs = await fixture.append(user: "1000", texts: ["a1", "a2"])
+    let bobIDs = await fixture.append(user: "1001", texts: ["b1"])
+    func ids(_ client: TestSSEClient, count: Int) -> [UInt64] {
+      let deadline = MonotonicClock.seconds() + 10 * timingFactor
+      var found: [UInt64] = []
+      while MonotonicClock.seconds() < deadline {
+        found = client.events.filter { $0.type == "message" }.compactMap {
+          (try? RawJSON.parse($0.data))?["upstream_id"]?.unsignedID
+        }
+        if found.count >= count { break }
+        _ = try? client.pump(timeout: 0.05)
+      }
+      return found
+    }
+    #expect(ids(alice, count: 2) == aliceIDs)
+    #expect(ids(bob, count: 1) == bobIDs)
+    #expect(alice.events.allSatisfy { !$0.data.contains("\"b1\"") }, "alice never sees bob's messages")
+    let stats = await fixture.statistics()
+    #expect(stats.users["1000"]?.sessions == 1 && stats.users["1001"]?.sessions == 1, "\(stats.users)")
+    #expect(!logs.tails().contains("key-1000"), "keys are never logged")
+    node.kill9()
+    await fixture.shutdown()
+  }
+}

@@ -53,7 +53,10 @@ public enum RecipeCheck {
       PollcastCommand.printError("Error: recipe check needs upstream.adapter recipe (and upstream.recipe)\n")
       return PollcastCommand.exitConfig
     }
-    print("recipe \(recipe.name): stream \(recipe.stream), \(recipe.session.count) session step(s), \(polls) poll(s)")
+    let streams =
+      recipe.isMultiStream
+      ? "streams \(recipe.streams.map(\.source).joined(separator: ", "))" : "stream \(recipe.stream)"
+    print("recipe \(recipe.name): \(streams), \(recipe.session.count) session step(s), \(polls) poll(s)")
     // Which values print as [redacted], by name (never by value): what the recipe reads from the environment (a
     // URL excepted: only its userinfo and secret query values are hidden), the session's values, the credential.
     let environment = configuration.loadedRecipe.environment

@@ -513,10 +513,9 @@ enum RecipeRequest {
     if let prefix { url = prefix.url } else { url = try step.url.render(scope, .url, vars: vars) }
     var query: [String] = []
     for (name, template) in prefix?.dynamic ?? step.query {
-      if let single = template.single, scope.value(of: single) == nil { continue }  // left out, as documented
-      query.append("\(encodeQueryValue(name))=\(try template.render(scope, .encoded))")
+      if let member = try encodedMember(name, template, scope) { query.append(member) }
     }
-    if !query.isEmpty { url += (url.contains("?") ? "&" : "?") + query.joined(separator: "&") }
+    appendQuery(query, to: &url)
     var headers: [(String, String)] = []
     for (name, template) in step.headers {
       // A header that is one placeholder with no value, or an empty one, is left out.
@@ -532,8 +531,7 @@ enum RecipeRequest {
       headers.append(("Content-Type", "application/x-www-form-urlencoded"))
       var pairs: [String] = []
       for (name, template) in fields {
-        if let single = template.single, scope.value(of: single) == nil { continue }
-        pairs.append("\(encodeQueryValue(name))=\(try template.render(scope, .encoded))")
+        if let member = try encodedMember(name, template, scope) { pairs.append(member) }
       }
       body = Array(pairs.joined(separator: "&").utf8)
     case nil: break
@@ -544,6 +542,20 @@ enum RecipeRequest {
     request.wantedHeaders = headerNames ?? recipe.headerNames
     request.redact = scope.redactions ?? scope.secrets
     return request
+  }
+
+  /// A query or form member, `name=value` percent-encoded; nil when it is one placeholder with no value (left out, as
+  /// documented).
+  static func encodedMember(_ name: String, _ template: RecipeTemplate, _ scope: RecipeScope) throws(UpstreamError)
+    -> String?
+  {
+    if let single = template.single, scope.value(of: single) == nil { return nil }
+    return "\(encodeQueryValue(name))=\(try template.render(scope, .encoded))"
+  }
+
+  /// Appends query members to a URL, after `?` or, when it has a query already, `&`.
+  static func appendQuery(_ members: [String], to url: inout String) {
+    if !members.isEmpty { url += (url.contains("?") ? "&" : "?") + members.joined(separator: "&") }
   }
 
   /// A step's URL with its query members that do not depend on the cursor, rendered in `scope` (a session's), and
@@ -574,11 +586,13 @@ enum RecipeRequest {
         dynamic.append((name, template))
         continue
       }
-      if let single = template.single, scope.value(of: single) == nil { continue }  // left out, as documented
-      guard let value = try? template.render(scope, .encoded) else { return nil }
-      fixed.append("\(encodeQueryValue(name))=\(value)")
+      do {
+        if let member = try encodedMember(name, template, scope) { fixed.append(member) }
+      } catch {
+        return nil
+      }
     }
-    if !fixed.isEmpty { url += (url.contains("?") ? "&" : "?") + fixed.joined(separator: "&") }
+    appendQuery(fixed, to: &url)
     return Prefix(url: url, dynamic: dynamic)
   }
 

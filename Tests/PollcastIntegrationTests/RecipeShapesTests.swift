@@ -36,6 +36,24 @@ import Testing
     return false
   }
 
+  /// The `upstream_id`s of the messages `client` received (of `stream` only, when given), pumping until there are
+  /// `count` of them or 10 s (scaled) have passed.
+  static func upstreamIDs(_ client: TestSSEClient, count: Int, stream: String? = nil) -> [UInt64] {
+    let deadline = MonotonicClock.seconds() + 10 * timingFactor
+    var found: [UInt64] = []
+    while MonotonicClock.seconds() < deadline {
+      found = client.events.filter { $0.type == "message" }.compactMap { event in
+        guard let json = try? RawJSON.parse(event.data), stream == nil || json["stream"]?.stringValue == stream else {
+          return nil
+        }
+        return json["upstream_id"]?.unsignedID
+      }
+      if found.count >= count { break }
+      _ = try? client.pump(timeout: 0.05)
+    }
+    return found
+  }
+
   func pumpUntil(_ reader: Reader, count: Int, timeout: Double = 10) {
     let deadline = MonotonicClock.seconds() + timeout * timingFactor
     while reader.messages.count < count && MonotonicClock.seconds() < deadline { reader.pump(for: 0.1) }
@@ -227,20 +245,8 @@ extension RecipeShapesTests {
     try await Task.sleep(for: .milliseconds(Int(800 * timingFactor)))
     let aliceIDs = await fixture.append(user: "1000", texts: ["a1", "a2"])
     let bobIDs = await fixture.append(user: "1001", texts: ["b1"])
-    func seqs(_ client: TestSSEClient, count: Int) -> [UInt64] {
-      let deadline = MonotonicClock.seconds() + 10 * timingFactor
-      var found: [UInt64] = []
-      while MonotonicClock.seconds() < deadline {
-        found = client.events.filter { $0.type == "message" }.compactMap {
-          (try? RawJSON.parse($0.data))?["upstream_id"]?.unsignedID
-        }
-        if found.count >= count { break }
-        _ = try? client.pump(timeout: 0.05)
-      }
-      return found
-    }
-    #expect(seqs(alice, count: 2) == aliceIDs)
-    #expect(seqs(bob, count: 1) == bobIDs)
+    #expect(RecipeShapesTests.upstreamIDs(alice, count: 2) == aliceIDs)
+    #expect(RecipeShapesTests.upstreamIDs(bob, count: 1) == bobIDs)
     let texts = alice.events.filter { $0.type == "message" }.map(\.data)
     #expect(texts.allSatisfy { !$0.contains("\"b1\"") }, "alice never sees bob's messages")
     await fixture.revokeKey("key-1001")
@@ -248,7 +254,7 @@ extension RecipeShapesTests {
     while !bob.isEOF && MonotonicClock.seconds() < deadline { _ = try? bob.pump(timeout: 0.05) }
     #expect(bob.isEOF, "a revoked key's stream ends")
     let later = await fixture.append(user: "1000", texts: ["a3"])
-    #expect(seqs(alice, count: 3) == aliceIDs + later, "the other account goes on")
+    #expect(RecipeShapesTests.upstreamIDs(alice, count: 3) == aliceIDs + later, "the other account goes on")
     #expect(!logs.tails().contains("key-1000"), "keys are never logged")
     node.kill9()
     await fixture.shutdown()
@@ -593,15 +599,7 @@ extension RecipeShapesTests {
     // The linked account's stream is polled in the same request.
     let linked = await fixture.append(user: "202", texts: ["to the linked account"])
     let client = try #require(reader.client)
-    let deadline = MonotonicClock.seconds() + 10 * timingFactor
-    func linkedIDs() -> [UInt64] {
-      client.events.filter { $0.type == "message" }.compactMap { event in
-        guard let json = try? RawJSON.parse(event.data), json["stream"]?.stringValue == "202" else { return nil }
-        return json["upstream_id"]?.unsignedID
-      }
-    }
-    while linkedIDs().isEmpty && MonotonicClock.seconds() < deadline { _ = try? client.pump(timeout: 0.05) }
-    #expect(linkedIDs() == linked, "\(logs.tails())")
+    #expect(RecipeShapesTests.upstreamIDs(client, count: 1, stream: "202") == linked, "\(logs.tails())")
     #expect(!logs.tails().contains(fixture.options.apiKey), "the API key is never logged")
     let stats = await fixture.statistics()
     #expect(stats.maxPollsInFlightPerToken == 1)
@@ -629,20 +627,8 @@ extension RecipeShapesTests {
     try await Task.sleep(for: .milliseconds(Int(800 * timingFactor)))
     let aliceIDs = await fixture.append(user: "1000", texts: ["a1", "a2"])
     let bobIDs = await fixture.append(user: "1001", texts: ["b1"])
-    func ids(_ client: TestSSEClient, count: Int) -> [UInt64] {
-      let deadline = MonotonicClock.seconds() + 10 * timingFactor
-      var found: [UInt64] = []
-      while MonotonicClock.seconds() < deadline {
-        found = client.events.filter { $0.type == "message" }.compactMap {
-          (try? RawJSON.parse($0.data))?["upstream_id"]?.unsignedID
-        }
-        if found.count >= count { break }
-        _ = try? client.pump(timeout: 0.05)
-      }
-      return found
-    }
-    #expect(ids(alice, count: 2) == aliceIDs)
-    #expect(ids(bob, count: 1) == bobIDs)
+    #expect(RecipeShapesTests.upstreamIDs(alice, count: 2) == aliceIDs)
+    #expect(RecipeShapesTests.upstreamIDs(bob, count: 1) == bobIDs)
     #expect(alice.events.allSatisfy { !$0.data.contains("\"b1\"") }, "alice never sees bob's messages")
     let stats = await fixture.statistics()
     #expect(stats.users["1000"]?.sessions == 1 && stats.users["1001"]?.sessions == 1, "\(stats.users)")

@@ -555,7 +555,7 @@ enum RecipeRequest {
 
   /// Appends query members to a URL, after `?` or, when it has a query already, `&`.
   static func appendQuery(_ members: [String], to url: inout String) {
-    if !members.isEmpty { url += (url.contains("?") ? "&" : "?") + members.joined(separator: "&") }
+    if !members.isEmpty { url += (url.containsASCII(UInt8(ascii: "?")) ? "&" : "?") + members.joined(separator: "&") }
   }
 
   /// A step's URL with its query members that do not depend on the cursor, rendered in `scope` (a session's), and

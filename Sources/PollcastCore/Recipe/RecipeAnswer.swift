@@ -90,7 +90,7 @@ enum RecipeAnswer {
     var found: RecipeValue?
     switch source.origin {
     case .body(let pointer):
-      if pointer.contains("/*") {
+      if pointer.hasWildcardSegment {
         found = context.json.flatMap { resolveAll($0, pointer).lazy.compactMap(value(of:)).first }
       } else {
         found = context.json?.resolve(pointer: pointer).flatMap(value(of:))
@@ -102,7 +102,7 @@ enum RecipeAnswer {
     case .template(let template): found = (try? template.render(context.scope, .text)).map { RecipeValue(text: $0) }
     }
     guard source.add != 0, let text = found?.text else { return found }
-    guard let number = Int64(text.trimmingCharacters(in: .whitespaces)) else { return nil }
+    guard let number = Int64(text.trimmingSpacesAndTabs) else { return nil }
     let (sum, overflow) = number.addingReportingOverflow(source.add)
     return overflow ? nil : RecipeValue(text: String(sum), json: String(sum))
   }
@@ -118,7 +118,7 @@ enum RecipeAnswer {
   /// A source that must hold an unsigned integer.
   static func integer(_ source: Recipe.Source, _ context: Context, _ what: String) throws(UpstreamError) -> UInt64 {
     guard let value = value(source, context) else { throw UpstreamError(.decoding, "\(what): names nothing") }
-    guard let number = UInt64(value.text.trimmingCharacters(in: .whitespaces)) else {
+    guard let number = UInt64(value.text.trimmingSpacesAndTabs) else {
       throw UpstreamError(.decoding, "\(what): \"\(value.text.prefix(40))\" is not an unsigned integer")
     }
     return number
@@ -126,7 +126,7 @@ enum RecipeAnswer {
 
   /// A delay in seconds: a number (in the source's unit) or an HTTP date.
   static func delay(_ source: Recipe.Source, _ context: Context) -> Double? {
-    guard let text = value(source, context)?.text.trimmingCharacters(in: .whitespaces) else { return nil }
+    guard let text = (value(source, context)?.text.trimmingSpacesAndTabs).map(String.init) else { return nil }
     if let number = Double(text), number.isFinite, number >= 0 { return source.milliseconds ? number / 1000 : number }
     return httpDate(text).map { max(0, $0.timeIntervalSince(context.now)) }
   }
@@ -270,7 +270,7 @@ enum RecipeAnswer {
     }
     var ids: [String: UInt64] = [:]
     for (stream, value) in members {
-      guard let text = self.value(of: value)?.text, let id = UInt64(text.trimmingCharacters(in: .whitespaces)) else {
+      guard let text = self.value(of: value)?.text, let id = UInt64(text.trimmingSpacesAndTabs) else {
         return .failure(
           UpstreamError(
             .decoding, "recipe.sync.ids: the id of stream \(stream) is not an unsigned integer",
@@ -481,7 +481,7 @@ enum RecipeAnswer {
         }
       } else if spec.pointer.isEmpty {
         elements = [json]  // the whole body is one event (an object, or an array such as Consul's state)
-      } else if spec.pointer.contains("/*") {
+      } else if spec.pointer.hasWildcardSegment {
         elements = resolveAll(json, spec.pointer)
       } else {
         guard let target = json.resolve(pointer: spec.pointer) else {
@@ -512,7 +512,7 @@ enum RecipeAnswer {
       let stream = index < streams.count ? streams[index] : recipe.stream
       var eventContext = context
       eventContext.event = element
-      let shown = spec.id.flatMap { value($0, eventContext)?.text.trimmingCharacters(in: .whitespaces) }
+      let shown = spec.id.flatMap { (value($0, eventContext)?.text.trimmingSpacesAndTabs).map(String.init) }
       let id = opaque ? 0 : shown.flatMap { UInt64($0) }
       if spec.skip.contains(where: { matches($0, element) }) {
         if let id, !opaque {
@@ -571,7 +571,7 @@ enum RecipeAnswer {
       answer.batches.append((recipe.stream, messages.sorted { $0.id < $1.id }))
     }
     if let source = recipe.cursor.index, let cursor = context.scope.cursor,
-      let index = value(source, context).flatMap({ UInt64($0.text.trimmingCharacters(in: .whitespaces)) }),
+      let index = value(source, context).flatMap({ UInt64($0.text.trimmingSpacesAndTabs) }),
       index < cursor
     {
       // Just below the API's index: the state at that index is news under the new numbering.

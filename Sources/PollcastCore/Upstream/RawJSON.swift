@@ -53,7 +53,11 @@ public struct RawJSON: Sendable {
     guard pointer.hasPrefix("/") else { return nil }
     var current = self
     for token in pointer.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
-      let key = String(token).replacingEvery("~1", with: "/").replacingEvery("~0", with: "~")
+      // Unescaped only when it has a `~`: this runs for every event's id on every poll.
+      var key = String(token)
+      if key.containsASCII(UInt8(ascii: "~")) {
+        key = key.replacingEvery("~1", with: "/").replacingEvery("~0", with: "~")
+      }
       switch current.value {
       case .object(let members):
         guard let member = members.last(where: { $0.key == key }) else { return nil }

@@ -146,6 +146,64 @@ import Testing
     }
   }
 
+  /// Rules read the sync's answers too (`step: sync`, or `*`): an API that answers its "latest ids" call with a
+  /// status of its own for "re-register" or "busy" is followed as a poll's would be.
+  @Test func rulesReadTheSyncsAnswers() throws {
+    func recipe(_ rules: String) -> String {
+      """
+      {"session":[{"url":"http://h/s","extract":{"token":{"body":"/token"}}}],
+       "streams":["a","b"],
+       "sync":{"url":"http://h/last","query":{"token":"{token}"},"ids":"/ids"},
+       "poll":{"url":"http://h/p","query":{"c":"{cursors}","token":"{token}"},
+         "events":{"pointer":"","stream":"key","id":{"event":"/id"}}},
+       "rules":\(rules)}
+      """
+    }
+    let refused = problems(recipe(#"[{"step":"sync","do":"reset","to":{"body":"/n"}},{"step":"sync","do":"fetch"}]"#))
+    #expect(refused.contains { $0.hasPrefix("recipe.rules[0].do: reset acts on a poll's answer") }, "\(refused)")
+    #expect(refused.contains { $0.hasPrefix("recipe.rules[1].do: fetch") }, "\(refused)")
+    let noSync = problems(
+      #"{"poll":{"url":"http://h/p?a={cursor}","events":{"pointer":"/e","id":{"event":"/id"}}},"#
+        + #""rules":[{"step":"sync","do":"fail"}]}"#)
+    #expect(noSync.contains { $0.hasPrefix("recipe.rules[0].step: the recipe has no sync step") }, "\(noSync)")
+
+    let rules = """
+      [{"step":"sync","status":409,"do":"session"},
+       {"step":"sync","status":503,"do":"retry","after":{"body":"/wait"}},
+       {"step":"sync","status":200,"when":{"pointer":"/error","exists":true},"do":"fail"},
+       {"step":"sync","status":202,"do":"continue"},
+       {"step":"*","status":418,"do":"empty"}]
+      """
+    guard
+      case .success(let parsed) = Recipe.parse(recipe(rules), context: .init(environment: [:], hasCredential: false))
+    else {
+      Issue.record("the recipe with sync rules does not parse: \(problems(recipe(rules)))")
+      return
+    }
+    func sync(_ status: Int, _ body: String) -> Result<[String: UInt64], UpstreamError> {
+      let text = RepairedText(Array(body.utf8))
+      return RecipeAnswer.interpretSync(
+        status: status, headers: [], text: text, json: try? RawJSON.parse(text.text), recipe: parsed,
+        scope: RecipeScope(), streams: ["a", "b"])
+    }
+    func error(_ result: Result<[String: UInt64], UpstreamError>) -> UpstreamError? {
+      if case .failure(let error) = result { return error }
+      return nil
+    }
+    #expect(error(sync(409, "{}"))?.kind == .sessionExpired)
+    let retry = try #require(error(sync(503, #"{"wait":7}"#)))
+    #expect(retry.kind == .status(503) && retry.retryAfter == 7 && retry.description.contains("rules[1] says retry"))
+    let failed = try #require(error(sync(200, #"{"error":"stale","ids":{"a":1,"b":2}}"#)))
+    #expect(failed.kind == .status(200) && failed.description.contains("rules[2] says fail"))
+    // `continue` reads the ids from an answer the defaults would have backed off from.
+    #expect((try? sync(202, #"{"ids":{"a":3,"b":4}}"#).get()) == ["a": 3, "b": 4])
+    #expect(error(sync(418, "{}"))?.description.contains("cannot act on a sync step") == true)
+    // No rule: the defaults, as before.
+    #expect((try? sync(200, #"{"ids":{"a":1,"b":2}}"#).get()) == ["a": 1, "b": 2])
+    #expect(error(sync(401, "{}"))?.kind == .sessionExpired)
+    #expect(error(sync(500, "{}"))?.kind == .status(500))
+  }
+
   @Test func cursorsListEveryStreamPrimaryFirst() throws {
     let adapter = ChatAdapter(baseURL: "http://127.0.0.1:9", credential: "key")
     adapter.preparedStreams = ["202", "101"]

@@ -202,7 +202,9 @@ struct RecipeReader {
     if let rulesValue = top["rules"] {
       if case .array(let items) = rulesValue {
         for (index, item) in items.enumerated() {
-          if let rule = self.rule(item, "recipe.rules[\(index)]", hasSession: !session.isEmpty, hasFetch: hasFetch) {
+          if let rule = self.rule(
+            item, "recipe.rules[\(index)]", hasSession: !session.isEmpty, hasFetch: hasFetch, hasSync: sync != nil)
+          {
             rules.append(rule)
           }
         }

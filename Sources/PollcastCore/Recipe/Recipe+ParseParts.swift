@@ -269,16 +269,19 @@ extension RecipeReader {
     return Recipe.Condition(pointer: pointer, test: tests[0])
   }
 
-  mutating func rule(_ value: JSONValue, _ path: String, hasSession: Bool, hasFetch: Bool = false) -> Recipe.Rule? {
+  mutating func rule(
+    _ value: JSONValue, _ path: String, hasSession: Bool, hasFetch: Bool = false, hasSync: Bool = false
+  ) -> Recipe.Rule? {
     guard let members = object(value, path, keys: ["step", "status", "when", "do", "after", "to", "gap"]) else {
       return nil
     }
     let step = string(members["step"], "\(path).step") ?? "poll"
-    if !["poll", "session", "fetch", "*"].contains(step) {
-      problem("\(path).step", "\"\(step)\" is not poll, session, fetch or * (so the rule could never match)")
+    if !["poll", "session", "fetch", "sync", "*"].contains(step) {
+      problem("\(path).step", "\"\(step)\" is not poll, session, fetch, sync or * (so the rule could never match)")
     }
     if step == "fetch" && !hasFetch { problem("\(path).step", "the recipe has no fetch step to match") }
     if step == "session" && !hasSession { problem("\(path).step", "the recipe has no session step to match") }
+    if step == "sync" && !hasSync { problem("\(path).step", "the recipe has no sync step to match") }
     var statuses: Recipe.ClosedRangeSet?
     if let status = members["status"] {
       var ranges: [ClosedRange<Int>] = []
@@ -355,6 +358,12 @@ extension RecipeReader {
       if !actions.contains(.reset) { problem("\(path).gap", "only with do: reset") }
     }
     if actions.contains(.reset) && step == "session" { problem("\(path).do", "reset reads a poll's answer") }
+    // A sync answer sets every stream's cursor from its ids: there is no cursor of its own to reset, no events to
+    // skip and nothing to fetch.
+    if step == "sync", let other = actions.first(where: { [.reset, .empty, .fetch].contains($0) }) {
+      problem(
+        "\(path).do", "\(other.rawValue) acts on a poll's answer; a sync rule can continue, session, retry or fail")
+    }
     return Recipe.Rule(
       step: step, statuses: statuses, when: when, actions: actions, after: after, to: to, gap: gap, path: path)
   }

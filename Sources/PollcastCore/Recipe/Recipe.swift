@@ -162,7 +162,7 @@ public struct Recipe: Sendable {
   }
 
   public struct Rule: Sendable {
-    /// Which step's answers it reads: `poll`, `session`, `fetch`, or `*`.
+    /// Which step's answers it reads: `poll`, `session`, `fetch`, `sync`, or `*`.
     public var step: String
     /// Status codes it matches (nil: any).
     public var statuses: ClosedRangeSet?

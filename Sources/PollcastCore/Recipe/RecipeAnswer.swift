@@ -238,9 +238,11 @@ enum RecipeAnswer {
 
   // MARK: The cursor sync
 
-  /// A sync step's answer: the newest id of each of `streams` from the map at `recipe.sync.ids`. Defaults only
-  /// (rules read poll, session and fetch answers): 2xx is the answer, 401 a new session when the recipe has one, 429
-  /// and 503 wait for `Retry-After`, anything else backs off.
+  /// A sync step's answer: the newest id of each of `streams` from the map at `recipe.sync.ids`. The first rule for
+  /// `sync` (or `*`) that matches decides: `continue` reads the ids whatever the status, `session` starts a new
+  /// session, `retry` waits `after` (or backs off), `fail` is an error with the answer's status. With no rule, 2xx
+  /// is the answer, 401 a new session when the recipe has one, 429 and 503 wait for `Retry-After`, anything else
+  /// backs off.
   @inline(never)  // called from async functions: inlined, its temporaries would sit in their frames
   static func interpretSync(
     status: Int, headers: [(name: String, value: String)], text: RepairedText, json: RawJSON?, recipe: Recipe,
@@ -249,14 +251,27 @@ enum RecipeAnswer {
     guard let sync = recipe.sync else { return .success([:]) }
     var context = Context(json: json, headers: headers, scope: scope)
     context.now = Date()
-    guard (200...299).contains(status) else {
+    func failure(_ message: String, retry: Double?) -> Result<[String: UInt64], UpstreamError> {
+      .failure(UpstreamError(.status(status), message, cause: snippet(text, scope), retryAfter: retry))
+    }
+    let rule = rule(recipe.rules, step: "sync", status: status, json: json)
+    switch rule?.actions {
+    case nil:
+      if (200...299).contains(status) { break }
       if status == 401 && !recipe.session.isEmpty {
         return .failure(UpstreamError(.sessionExpired, "sync: token refused (401)"))
       }
-      return .failure(
-        UpstreamError(
-          .status(status), "sync answered \(status)", cause: snippet(text, scope),
-          retryAfter: retryDefault(status: status, context: context)))
+      return failure("sync answered \(status)", retry: retryDefault(status: status, context: context))
+    case let actions? where actions.contains(.session) && !recipe.session.isEmpty:
+      return .failure(UpstreamError(.sessionExpired, "sync answered \(status): \(rule!.path) says session"))
+    case [.continue]?: break
+    case [.retry]?:
+      return failure(
+        "sync answered \(status): \(rule!.path) says retry",
+        retry: rule!.after.flatMap { delay($0, context) } ?? retryDefault(status: status, context: context))
+    case [.fail]?: return failure("sync answered \(status): \(rule!.path) says fail", retry: nil)
+    default:  // a `*` rule's reset, empty or fetch: they act on a poll's answer
+      return failure("sync answered \(status): \(rule!.path) cannot act on a sync step", retry: nil)
     }
     guard let json else {
       return .failure(UpstreamError(.decoding, "sync answer is not JSON", cause: snippet(text, scope)))

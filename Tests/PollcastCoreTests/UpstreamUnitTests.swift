@@ -302,4 +302,22 @@ import Testing
     #expect(shown.contains("[redacted]"))
     #expect(String(repeating: "\0", count: 64).replacingEvery("\0\0", with: "-") == String(repeating: "-", count: 32))
   }
+
+  /// The byte-level helpers that replaced Foundation's on the recipe's per-answer path keep what it meant there.
+  @Test(arguments: [
+    (" 42\t", "42"), ("\t \t", ""), ("", ""), ("7", "7"), (" a b ", "a b"), ("\n5\n", "\n5\n"), (" ключ ", "ключ"),
+  ])
+  func spacesAndTabsAreTrimmedAtBothEnds(text: String, expected: String) {
+    #expect(String(text.trimmingSpacesAndTabs) == expected)
+    #expect(String(text.dropFirst(0).trimmingSpacesAndTabs) == expected)
+  }
+
+  @Test func wildcardSegmentsAndASCIIBytesAreFoundByBytes() {
+    #expect("/events/*/id".hasWildcardSegment && "/*".hasWildcardSegment)
+    #expect(!"/events/a*".hasWildcardSegment && !"*".hasWildcardSegment && !"".hasWildcardSegment)
+    #expect("http://h/p?a=1".containsASCII(UInt8(ascii: "?")) && !"http://h/p".containsASCII(UInt8(ascii: "?")))
+    let json = try? RawJSON.parse(#"{"a/b":{"c~d":1},"e":[2]}"#)
+    #expect(json?.resolve(pointer: "/a~1b/c~0d")?.rawText == "1")
+    #expect(json?.resolve(pointer: "/e/0")?.rawText == "2")
+  }
 }

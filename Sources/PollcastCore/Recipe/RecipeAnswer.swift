@@ -514,20 +514,23 @@ enum RecipeAnswer {
     // An id template of an opaque recipe reads the cursor this answer moves to (nchan: Last-Modified:Etag).
     // A cursor read from an event is the answer's last event's, skipped ones included (Zulip: the last id seen,
     // heartbeats too); an answer with no event leaves it where it is.
-    var tokenContext = context
-    tokenContext.event = elements.last
-    let token = opaque ? nextToken(recipe.cursor, tokenContext) : nil
+    let answerEvent = context.event
     var context = context
-    if let token { context.scope.token = token }
+    var token: String?
+    if opaque {
+      context.event = elements.last
+      token = nextToken(recipe.cursor, context)
+      if let token { context.scope.token = token }
+    }
     var messages: [UpstreamMessage] = []
     /// Several streams: each message's stream, in the order of `messages`.
     var messageStreams: [String] = []
     var keys: [String?] = []
     for (index, element) in elements.enumerated() {
       let stream = index < streams.count ? streams[index] : recipe.stream
-      var eventContext = context
-      eventContext.event = element
-      let shown = spec.id.flatMap { (value($0, eventContext)?.text.trimmingSpacesAndTabs).map(String.init) }
+      // One context for every event, its `event` set in turn: a copy per event retained each of its members.
+      context.event = element
+      let shown = spec.id.flatMap { (value($0, context)?.text.trimmingSpacesAndTabs).map(String.init) }
       let id = opaque ? 0 : shown.flatMap { UInt64($0) }
       if spec.skip.contains(where: { matches($0, element) }) {
         if let id, !opaque {
@@ -585,6 +588,7 @@ enum RecipeAnswer {
     } else {
       answer.batches.append((recipe.stream, messages.sorted { $0.id < $1.id }))
     }
+    context.event = answerEvent
     if let source = recipe.cursor.index, let cursor = context.scope.cursor,
       let index = value(source, context).flatMap({ UInt64($0.text.trimmingSpacesAndTabs) }),
       index < cursor

@@ -312,9 +312,12 @@ import Testing
     #expect(String(text.dropFirst(0).trimmingSpacesAndTabs) == expected)
   }
 
-  @Test func wildcardSegmentsAndASCIIBytesAreFoundByBytes() {
+  @Test func wildcardSegmentsAndASCIIBytesAreFoundByBytes() throws {
     #expect("/events/*/id".hasWildcardSegment && "/*".hasWildcardSegment)
     #expect(!"/events/a*".hasWildcardSegment && !"*".hasWildcardSegment && !"".hasWildcardSegment)
+    let pointer = "/a/b*/*/c"
+    let star = try #require(pointer.firstSlashStar)
+    #expect(pointer[..<star.lowerBound] == "/a/b*" && pointer[star.upperBound...] == "/c")
     #expect("http://h/p?a=1".containsASCII(UInt8(ascii: "?")) && !"http://h/p".containsASCII(UInt8(ascii: "?")))
     let json = try? RawJSON.parse(#"{"a/b":{"c~d":1},"e":[2]}"#)
     #expect(json?.resolve(pointer: "/a~1b/c~0d")?.rawText == "1")

@@ -141,7 +141,7 @@ enum RecipeAnswer {
 
   /// The values a pointer names; one `*` segment stands for every element or member.
   static func resolveAll(_ json: RawJSON, _ pointer: String) -> [RawJSON] {
-    guard let star = pointer.range(of: "/*", options: []),
+    guard let star = pointer.firstSlashStar,
       star.upperBound == pointer.endIndex || pointer[star.upperBound] == "/"
     else { return json.resolve(pointer: pointer).map { [$0] } ?? [] }
     let prefix = String(pointer[..<star.lowerBound])

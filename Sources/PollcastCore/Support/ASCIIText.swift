@@ -19,13 +19,19 @@ extension StringProtocol {
 }
 
 extension String {
-  /// Whether a JSON pointer has a `*` segment (`/*`), found by bytes: it is asked on every answer.
-  var hasWildcardSegment: Bool {
-    var previousWasSlash = false
-    for byte in utf8 {
-      if previousWasSlash && byte == UInt8(ascii: "*") { return true }
-      previousWasSlash = byte == UInt8(ascii: "/")
+  /// Where the first `/*` of a JSON pointer stands, found by bytes: it is asked on every answer (events at a
+  /// wildcard, conditions of rules), and Foundation's `range(of:)` goes through `NSString` on Linux. Whether the `*`
+  /// is a whole segment (followed by `/` or the end) is the caller's to check.
+  var firstSlashStar: Range<String.Index>? {
+    var slash: String.Index?
+    for index in utf8.indices {
+      let byte = utf8[index]
+      if let start = slash, byte == UInt8(ascii: "*") { return start..<utf8.index(after: index) }
+      slash = byte == UInt8(ascii: "/") ? index : nil
     }
-    return false
+    return nil
   }
+
+  /// Whether a JSON pointer holds `/*`.
+  var hasWildcardSegment: Bool { firstSlashStar != nil }
 }

@@ -256,8 +256,9 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       let sync = recipe.sync!
       let current = scope()
       let request = try RecipeRequest.build(
-        sync.step, current, recipe: recipe, timeout: min(sync.step.timeout ?? requestTimeout, timeoutCap ?? .infinity),
-        connectTimeout: connectTimeout, label: "sync", headerNames: storage.headerNames)
+        sync.step, current, vars: storage.varNames, headerNames: storage.headerNames,
+        timeout: min(sync.step.timeout ?? requestTimeout, timeoutCap ?? .infinity), connectTimeout: connectTimeout,
+        label: "sync")
       return (request, current)
     case .session(let index, let values):
       let step = recipe.session[index]
@@ -265,8 +266,9 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       building.values.merge(values) { _, new in new }
       building.redactions = building.secrets  // the earlier steps' values are secrets too
       let request = try RecipeRequest.build(
-        step, building, recipe: recipe, timeout: min(step.timeout ?? requestTimeout, timeoutCap ?? .infinity),
-        connectTimeout: connectTimeout, label: "session", headerNames: storage.headerNames)
+        step, building, vars: storage.varNames, headerNames: storage.headerNames,
+        timeout: min(step.timeout ?? requestTimeout, timeoutCap ?? .infinity), connectTimeout: connectTimeout,
+        label: "session")
       return (request, building)
     }
   }
@@ -369,9 +371,11 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       current.token = resetToken ?? stored ?? initialToken
     }
     if pollPrefix == nil { pollPrefix = RecipeRequest.prefix(recipe.poll, scope(), recipe: recipe) }
+    let storage = self.storage
     let request = try RecipeRequest.build(
-      recipe.poll, current, recipe: recipe, timeout: min(recipe.poll.timeout ?? pollTimeout, timeoutCap ?? .infinity),
-      connectTimeout: connectTimeout, label: "poll", headerNames: storage.headerNames, prefix: pollPrefix)
+      storage.recipe.poll, current, vars: storage.varNames, headerNames: storage.headerNames,
+      timeout: min(storage.recipe.poll.timeout ?? pollTimeout, timeoutCap ?? .infinity),
+      connectTimeout: connectTimeout, label: "poll", prefix: pollPrefix)
     return PollPlan(request: request, scope: current, reset: reset, resetToken: resetToken, cursor: cursor)
   }
 
@@ -445,8 +449,9 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     var keys: [String?] = []
     for _ in 0..<RecipeAdapter.maxFetchPages {
       let request = try RecipeRequest.build(
-        fetch, current, recipe: recipe, timeout: min(fetch.timeout ?? requestTimeout, timeoutCap ?? .infinity),
-        connectTimeout: connectTimeout, label: "fetch")
+        fetch, current, vars: storage.varNames, headerNames: storage.headerNames,
+        timeout: min(fetch.timeout ?? requestTimeout, timeoutCap ?? .infinity), connectTimeout: connectTimeout,
+        label: "fetch")
       let response = try await client.send(request)
       let storage = self.storage
       let sent = current
@@ -495,10 +500,13 @@ public final class RecipeStorage: Sendable {
   public let recipe: Recipe
   /// `recipe.headerNames`, computed once: every request of the recipe asks for these.
   let headerNames: [String]
+  /// `recipe.varNames`, held here so that building a request reads it without copying the recipe.
+  let varNames: Set<String>
 
   public init(_ recipe: Recipe) {
     self.recipe = recipe
     headerNames = recipe.headerNames
+    varNames = recipe.varNames
   }
 }
 
@@ -508,7 +516,17 @@ enum RecipeRequest {
     _ step: Recipe.Step, _ scope: RecipeScope, recipe: Recipe, timeout: Double, connectTimeout: Double, label: String,
     headerNames: [String]? = nil, prefix: Prefix? = nil
   ) throws(UpstreamError) -> UpstreamRequest {
-    let vars = recipe.varNames
+    try build(
+      step, scope, vars: recipe.varNames, headerNames: headerNames ?? recipe.headerNames, timeout: timeout,
+      connectTimeout: connectTimeout, label: label, prefix: prefix)
+  }
+
+  /// `build` with what it reads of the recipe passed alone: an adapter's every poll takes this, and passing the
+  /// whole `Recipe` by value copied it (a retain of each of its members) once a poll.
+  static func build(
+    _ step: Recipe.Step, _ scope: RecipeScope, vars: Set<String>, headerNames: [String],
+    timeout: Double, connectTimeout: Double, label: String, prefix: Prefix? = nil
+  ) throws(UpstreamError) -> UpstreamRequest {
     var url: String
     if let prefix { url = prefix.url } else { url = try step.url.render(scope, .url, vars: vars) }
     var query: [String] = []
@@ -539,7 +557,7 @@ enum RecipeRequest {
     var request = UpstreamRequest(
       method: step.method, url: url, headers: headers, body: body, timeout: timeout, connectTimeout: connectTimeout,
       label: label)
-    request.wantedHeaders = headerNames ?? recipe.headerNames
+    request.wantedHeaders = headerNames
     request.redact = scope.redactions ?? scope.secrets
     return request
   }

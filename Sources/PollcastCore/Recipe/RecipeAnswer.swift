@@ -11,7 +11,8 @@ enum RecipeAnswer {
     var headers: [(name: String, value: String)] = []
     var event: RawJSON?
     var scope: RecipeScope
-    var now: Date = Date()
+    /// The clock an HTTP-date delay counts from; read only when one is (`delay`), not on every answer.
+    var now: Date?
 
     init(json: RawJSON? = nil, headers: [(name: String, value: String)] = [], event: RawJSON? = nil, scope: RecipeScope)
     {
@@ -128,7 +129,7 @@ enum RecipeAnswer {
   static func delay(_ source: Recipe.Source, _ context: Context) -> Double? {
     guard let text = (value(source, context)?.text.trimmingSpacesAndTabs).map(String.init) else { return nil }
     if let number = Double(text), number.isFinite, number >= 0 { return source.milliseconds ? number / 1000 : number }
-    return httpDate(text).map { max(0, $0.timeIntervalSince(context.now)) }
+    return httpDate(text).map { max(0, $0.timeIntervalSince(context.now ?? Date())) }
   }
 
   static func httpDate(_ text: String) -> Date? {
@@ -204,8 +205,7 @@ enum RecipeAnswer {
     status: Int, headers: [(name: String, value: String)], text: RepairedText, json: RawJSON?, step: Recipe.Step,
     rules: [Recipe.Rule], scope: RecipeScope, path: String
   ) -> SessionOutcome {
-    var context = Context(json: json, headers: headers, scope: scope)
-    context.now = Date()
+    let context = Context(json: json, headers: headers, scope: scope)
     let rule = rule(rules, step: "session", status: status, json: json)
     let fail = { (message: String, retry: Double?) in
       SessionOutcome(
@@ -249,8 +249,7 @@ enum RecipeAnswer {
     scope: RecipeScope, streams: [String]
   ) -> Result<[String: UInt64], UpstreamError> {
     guard let sync = recipe.sync else { return .success([:]) }
-    var context = Context(json: json, headers: headers, scope: scope)
-    context.now = Date()
+    let context = Context(json: json, headers: headers, scope: scope)
     func failure(_ message: String, retry: Double?) -> Result<[String: UInt64], UpstreamError> {
       .failure(UpstreamError(.status(status), message, cause: snippet(text, scope), retryAfter: retry))
     }
@@ -320,8 +319,7 @@ enum RecipeAnswer {
     status: Int, headers: [(name: String, value: String)], text: RepairedText, json: RawJSON?, recipe: Recipe,
     scope: RecipeScope, step: String
   ) -> PollVerdict {
-    var context = Context(json: json, headers: headers, scope: scope)
-    context.now = Date()
+    let context = Context(json: json, headers: headers, scope: scope)
     let rule = rule(recipe.rules, step: step, status: status, json: json)
     // A poll followed by a fetch step brings no events itself.
     let notifyOnly = recipe.fetch != nil && step == "poll"
@@ -576,17 +574,32 @@ enum RecipeAnswer {
       answer.batches.append((recipe.stream, messages))  // the API's order: numbered in it later
       if let token { answer.tokens[recipe.stream] = token }
     } else if spec.stream != nil {
-      var byStream: [String: [UpstreamMessage]] = [:]
-      var order = listed
-      for stream in listed { byStream[stream] = [] }
-      for (message, stream) in zip(messages, messageStreams) {
-        if byStream[stream] == nil { order.append(stream) }
-        byStream[stream, default: []].append(message)
+      // One batch per stream, in the answer's order (a listed stream with no event too). A stream's batch is found
+      // by a scan while there are few (an answer names one or two: no hashing, no table), by a map once there are
+      // many (a hostile answer with thousands of keys stays linear).
+      var order: [String] = []
+      var groups: [[UpstreamMessage]] = []
+      var slots: [String: Int] = [:]
+      func slot(_ stream: String) -> Int {
+        if order.count <= 8 {
+          if let at = order.firstIndex(of: stream) { return at }
+        } else if let at = slots[stream] {
+          return at
+        }
+        order.append(stream)
+        groups.append([])
+        if order.count == 9 {
+          for (at, name) in order.enumerated() { slots[name] = at }
+        } else if order.count > 9 {
+          slots[stream] = order.count - 1
+        }
+        return order.count - 1
       }
-      // Sorted here, off the loop for a large answer: the worker then only checks the order.
-      for stream in order { answer.batches.append((stream, byStream[stream]!.sorted { $0.id < $1.id })) }
+      for stream in listed { _ = slot(stream) }
+      for (message, stream) in zip(messages, messageStreams) { groups[slot(stream)].append(message) }
+      for (at, stream) in order.enumerated() { answer.batches.append((stream, inOrder(groups[at]))) }
     } else {
-      answer.batches.append((recipe.stream, messages.sorted { $0.id < $1.id }))
+      answer.batches.append((recipe.stream, inOrder(messages)))
     }
     context.event = answerEvent
     if let source = recipe.cursor.index, let cursor = context.scope.cursor,
@@ -600,6 +613,17 @@ enum RecipeAnswer {
       ]
     }
     return PollVerdict(action: .answer(answer), rule: rule, keys: keys)
+  }
+
+  /// Messages in id order, sorted here (off the loop for a large answer: the worker then only checks the order); an
+  /// answer already in order, as APIs send them, is returned as it is.
+  static func inOrder(_ messages: [UpstreamMessage]) -> [UpstreamMessage] {
+    var previous: UInt64 = 0
+    for message in messages {
+      if message.id < previous { return messages.sorted { $0.id < $1.id } }
+      previous = message.id
+    }
+    return messages
   }
 
   /// An event's dedupe key: the values at `pointers`, joined; nil when one is missing.

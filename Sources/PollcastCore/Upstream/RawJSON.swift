@@ -52,9 +52,13 @@ public struct RawJSON: Sendable {
     guard !pointer.isEmpty else { return self }
     guard pointer.hasPrefix("/") else { return nil }
     var current = self
-    for token in pointer.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
-      // Unescaped only when it has a `~`: this runs for every event's id on every poll.
-      var key = String(token)
+    let utf8 = pointer.utf8
+    var start = utf8.index(after: utf8.startIndex)
+    while true {
+      // Token by token without splitting into an array, and unescaped only when it has a `~`: this runs for every
+      // event's id on every poll.
+      let end = utf8[start...].firstIndex(of: UInt8(ascii: "/")) ?? utf8.endIndex
+      var key = String(Substring(utf8[start..<end]))
       if key.containsASCII(UInt8(ascii: "~")) {
         key = key.replacingEvery("~1", with: "/").replacingEvery("~0", with: "~")
       }
@@ -68,8 +72,9 @@ public struct RawJSON: Sendable {
       default:
         return nil
       }
+      guard end < utf8.endIndex else { return current }
+      start = utf8.index(after: end)
     }
-    return current
   }
 
   /// The member `key` of an object.

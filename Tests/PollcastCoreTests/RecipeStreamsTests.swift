@@ -118,6 +118,42 @@ import Testing
     #expect(answer.rejected.count == 1 && answer.rejected[0].reason.contains("without a stream"))
   }
 
+  /// Batches are found by a scan while an answer names few streams and by a map past eight: the same batches either
+  /// way, in the order streams first appear, each in id order, a key listed twice one batch.
+  @Test func manyStreamsGroupTheSameAsFew() throws {
+    let text = """
+      {"streams":["a"],"poll":{"url":"http://h/p","query":{"c":"{cursors}"},
+         "events":{"pointer":"/events","stream":{"event":"/channel"},"id":{"event":"/seq"}}}}
+      """
+    guard case .success(let fielded) = Recipe.parse(text, context: .init(environment: [:], hasCredential: false)) else {
+      Issue.record("the fielded recipe does not parse")
+      return
+    }
+    for streams in [3, 8, 9, 10, 40] {
+      // Three rounds over the streams, ids falling within each stream: 3k+2, then 3k+1, then 3k.
+      var items: [String] = []
+      for round in 0..<3 {
+        for stream in 0..<streams { items.append(#"{"channel":"s\#(stream)","seq":\#(stream * 3 + 2 - round)}"#) }
+      }
+      guard case .answer(let answer) = events(fielded, #"{"events":[\#(items.joined(separator: ","))]}"#).action else {
+        Issue.record("no answer for \(streams) streams")
+        continue
+      }
+      #expect(answer.batches.map(\.stream) == (0..<streams).map { "s\($0)" }, "\(streams) streams")
+      #expect(
+        answer.batches.map { $0.messages.map(\.id) }
+          == (0..<streams).map { stream in (0..<3).map { UInt64(stream * 3 + $0) } }, "\(streams) streams")
+    }
+    let chat = Recipe.chat(baseURL: "http://h", holdSeconds: 25, marginSeconds: 10)
+    let keys = (0..<12).map { #""k\#($0)":[{"id":\#($0)}]"# } + [#""k3":[{"id":100}]"#]
+    guard case .answer(let keyed) = events(chat, "{\(keys.joined(separator: ","))}").action else {
+      Issue.record("no answer for a map of twelve streams")
+      return
+    }
+    #expect(keyed.batches.map(\.stream) == (0..<12).map { "k\($0)" })
+    #expect(keyed.batches[3].messages.map(\.id) == [3, 100])
+  }
+
   @Test func theSyncReadsEveryStreamsNewestID() {
     let chat = Recipe.chat(baseURL: "http://h", holdSeconds: 25, marginSeconds: 10)
     func sync(_ status: Int, _ body: String, streams: [String] = ["101", "202"]) -> Result<

@@ -65,6 +65,8 @@ public enum RecipeCheck {
     if !hidden.isEmpty || !sessionNames.isEmpty {
       let names = hidden.map { "$\($0)" } + sessionNames.map { "the session's \($0)" }
       print("  shown as [redacted] wherever they appear: \(names.joined(separator: ", "))")
+      // `RecipeScope.isSecretValue`: a value under 4 characters would cut every `1` or `true` out of a line.
+      print("  (a value under 4 characters, such as a short numeric user id, is shown as it is)")
     }
     do {
       let loop = try EventLoop()

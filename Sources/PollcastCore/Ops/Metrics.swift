@@ -237,7 +237,9 @@ public enum Metrics {
       [("", String(upstream.pollSpacing))])
     one(
       "pollcast_upstream_requests_in_flight", "gauge", "Upstream HTTP requests in flight.", upstream.transportInFlight)
-    one("pollcast_upstream_sessions_started_total", "counter", "Upstream sessions established: the session steps and the cursor sync answered.", upstream.sessionsStarted)
+    one(
+      "pollcast_upstream_sessions_started_total", "counter",
+      "Upstream sessions established: the session steps and the cursor sync answered.", upstream.sessionsStarted)
     one(
       "pollcast_upstream_session_established", "gauge", "1 while an upstream session exists.",
       upstream.hasSession ? 1 : 0)

@@ -11,8 +11,6 @@ enum RecipeAnswer {
     var headers: [(name: String, value: String)] = []
     var event: RawJSON?
     var scope: RecipeScope
-    /// The clock an HTTP-date delay counts from; read only when one is (`delay`), not on every answer.
-    var now: Date?
 
     init(json: RawJSON? = nil, headers: [(name: String, value: String)] = [], event: RawJSON? = nil, scope: RecipeScope)
     {
@@ -129,7 +127,8 @@ enum RecipeAnswer {
   static func delay(_ source: Recipe.Source, _ context: Context) -> Double? {
     guard let text = (value(source, context)?.text.trimmingSpacesAndTabs).map(String.init) else { return nil }
     if let number = Double(text), number.isFinite, number >= 0 { return source.milliseconds ? number / 1000 : number }
-    return httpDate(text).map { max(0, $0.timeIntervalSince(context.now ?? Date())) }
+    // The clock is read here, only for an HTTP date, not on every answer.
+    return httpDate(text).map { max(0, $0.timeIntervalSinceNow) }
   }
 
   static func httpDate(_ text: String) -> Date? {
@@ -577,29 +576,27 @@ enum RecipeAnswer {
       // One batch per stream, in the answer's order (a listed stream with no event too). A stream's batch is found
       // by a scan while there are few (an answer names one or two: no hashing, no table), by a map once there are
       // many (a hostile answer with thousands of keys stays linear).
+      let scanned = 8
       var order: [String] = []
       var groups: [[UpstreamMessage]] = []
-      var slots: [String: Int] = [:]
+      var slots: [String: Int] = [:]  // filled once `order` outgrows `scanned`
       func slot(_ stream: String) -> Int {
-        if order.count <= 8 {
-          if let at = order.firstIndex(of: stream) { return at }
-        } else if let at = slots[stream] {
-          return at
-        }
+        if let at = order.count <= scanned ? order.firstIndex(of: stream) : slots[stream] { return at }
         order.append(stream)
         groups.append([])
-        if order.count == 9 {
+        if order.count == scanned + 1 {
           for (at, name) in order.enumerated() { slots[name] = at }
-        } else if order.count > 9 {
+        } else if order.count > scanned {
           slots[stream] = order.count - 1
         }
         return order.count - 1
       }
       for stream in listed { _ = slot(stream) }
       for (message, stream) in zip(messages, messageStreams) { groups[slot(stream)].append(message) }
-      for (at, stream) in order.enumerated() { answer.batches.append((stream, inOrder(groups[at]))) }
+      // In id order here, off the loop for a large answer: the worker then only checks the order.
+      for (at, stream) in order.enumerated() { answer.batches.append((stream, groups[at].inIDOrder)) }
     } else {
-      answer.batches.append((recipe.stream, inOrder(messages)))
+      answer.batches.append((recipe.stream, messages.inIDOrder))
     }
     context.event = answerEvent
     if let source = recipe.cursor.index, let cursor = context.scope.cursor,
@@ -613,17 +610,6 @@ enum RecipeAnswer {
       ]
     }
     return PollVerdict(action: .answer(answer), rule: rule, keys: keys)
-  }
-
-  /// Messages in id order, sorted here (off the loop for a large answer: the worker then only checks the order); an
-  /// answer already in order, as APIs send them, is returned as it is.
-  static func inOrder(_ messages: [UpstreamMessage]) -> [UpstreamMessage] {
-    var previous: UInt64 = 0
-    for message in messages {
-      if message.id < previous { return messages.sorted { $0.id < $1.id } }
-      previous = message.id
-    }
-    return messages
   }
 
   /// An event's dedupe key: the values at `pointers`, joined; nil when one is missing.

@@ -146,9 +146,7 @@ struct CursorBook: Sendable {
         continue
       }
       // Adapters sort off the loop; an answer that arrives unsorted anyway is sorted here.
-      let sorted =
-        zip(batch.messages, batch.messages.dropFirst()).allSatisfy { $0.id <= $1.id }
-        ? batch.messages : batch.messages.sorted(by: { $0.id < $1.id })
+      let sorted = batch.messages.inIDOrder
       // A stream the API reset in this answer is judged from the reset point, with no memory of the old ids.
       let reset = plan.resets.last { $0.stream == batch.stream }
       let cursor = reset?.to ?? cursors[batch.stream] ?? 0

@@ -17,6 +17,14 @@ public struct UpstreamMessage: Sendable, Equatable {
   }
 }
 
+extension Array where Element == UpstreamMessage {
+  /// The messages in id order: sorted (stable, so equal ids keep their order) only when they are not in it already,
+  /// as APIs send them.
+  var inIDOrder: [UpstreamMessage] {
+    zip(self, dropFirst()).allSatisfy { $0.id <= $1.id } ? self : sorted { $0.id < $1.id }
+  }
+}
+
 /// A message that cannot be relayed. With an id (and stream), the cursor still moves past it: one poison
 /// message must not stall the stream, and a real upstream would otherwise resend it forever.
 public struct UpstreamRejection: Sendable, Equatable {

@@ -421,6 +421,30 @@ import Testing
 
   /// Accounts that start, go idle and are evicted leave nothing behind: their feed, loop, adapter and client are
   /// freed (weak references go nil), however many come and go, and no upstream transfer is left in flight.
+  /// `/metrics` sums many accounts in turns that end on a count or on a time budget: with either cut, the figures
+  /// are those of one walk in a piece.
+  @Test func statisticsInTurnsAddUpOverManyAccounts() async throws {
+    try await AccountsHarness.start(accounts: 70).run { harness in
+      var clients: [TestSSEClient] = []
+      for index in 0..<70 {
+        let client = try harness.client("key-\(1000 + index)")
+        try client.waitUntil("live", Self.isLive)
+        clients.append(client)
+      }
+      let whole = await harness.hub.statistics()
+      #expect(whole.activeAccounts == 70 && whole.subscribers == 70)
+      // A zero budget ends a turn at every clock read (every 32 accounts); a count of 9 ends one every 9.
+      for walk in [await harness.hub.statisticsInTurns(budget: 0), await harness.hub.statisticsInTurns(turn: 9)] {
+        #expect(walk.subscribers == whole.subscribers)
+        #expect(walk.pollsInFlight == whole.pollsInFlight)
+        #expect(walk.maxPollsInFlightPerAccount == 1)
+        #expect(walk.feeds.eventsPublished == whole.feeds.eventsPublished)
+        #expect(walk.activeAccounts == 70)
+      }
+      _ = clients
+    }
+  }
+
   @Test func evictedAccountsAreFreed() async throws {
     var settings = AccountsHarness.fastSettings(grace: 0.05)
     settings.maxActiveAccounts = 4

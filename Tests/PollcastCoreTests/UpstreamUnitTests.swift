@@ -324,3 +324,38 @@ import Testing
     #expect(json?.resolve(pointer: "/e/0")?.rawText == "2")
   }
 }
+
+@Suite struct KeepAliveTargetTests {
+  private func target(_ url: String, method: String = "GET", body: [UInt8]? = nil) -> KeepAliveConnection.Target? {
+    KeepAliveConnection.target(for: UpstreamRequest(method: method, url: url, body: body, label: "t"))
+  }
+
+  @Test func plainHTTPToAnAddressIsCarriedWithItsPathQueryAndPort() throws {
+    let simple = try #require(target("http://127.0.0.1:8080/poll?since=5&key=a%2Fb#frag"))
+    #expect(simple.host == "127.0.0.1" && simple.port == 8080)
+    #expect(simple.path == "/poll?since=5&key=a%2Fb")
+    #expect(simple.authority == "127.0.0.1:8080")
+    let bare = try #require(target("HTTP://10.0.0.7"))
+    #expect(bare.port == 80 && bare.path == "/")
+    let six = try #require(target("http://[::1]:9/x"))
+    #expect(six.host == "::1" && six.port == 9 && six.authority == "[::1]:9")
+    #expect(target("http://127.0.0.1:1/p", method: "POST", body: [1]) != nil)
+  }
+
+  @Test(arguments: [
+    "https://127.0.0.1/p", "http://localhost:80/p", "http://api.example/p", "http://u:p@127.0.0.1/p",
+    "http://127.0.0.1:0/p", "http://127.0.0.1:65536/p", "http://127.0.0.1:8x/p", "http://127.0.0.1?x=1",
+    "http://[::1/p", "http://[::1]x/p", "http://999.1.1.1/p", "ftp://127.0.0.1/p", "http://", "http:///p",
+  ])
+  func everythingElseIsLeftToLibcurl(url: String) {
+    #expect(target(url) == nil, "\(url)")
+  }
+
+  @Test func methodsAndBodiesTheKeptConnectionDoesNotCarryAreLeftToLibcurl() {
+    #expect(target("http://127.0.0.1/p", method: "PROPFIND") == nil)
+    #expect(target("http://127.0.0.1/p", method: "PATCH") == nil)
+    #expect(target("http://127.0.0.1/p", method: "GET", body: [1]) == nil)
+    #expect(target("http://127.0.0.1/p", method: "DELETE", body: [1]) == nil)
+    #expect(target("http://127.0.0.1/p", method: "DELETE") != nil)
+  }
+}

@@ -137,10 +137,17 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   public let transport: CurlTransport
   public let interceptors: [UpstreamInterceptor]
 
+  /// The kept-alive connection for plain-HTTP requests to an IP address (see `KeepAliveConnection`); made on first
+  /// use.
+  private var keptConnection: KeepAliveConnection?
+
   public init(transport: CurlTransport, interceptors: [UpstreamInterceptor]) {
     self.transport = transport
     self.interceptors = interceptors
   }
+
+  /// Requests sent on the kept-alive connection so far (the rest went through libcurl).
+  public var keptAliveRequests: Int { keptConnection?.requestsSent ?? 0 }
 
   /// Sends `request` through the interceptors. Any status comes back as a response; only transport problems
   /// throw.
@@ -154,7 +161,14 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     do {
       // Last, after every interceptor added its headers: nothing reaches the wire unchecked.
       try OutgoingRequest.check(prepared)
-      outcome = .success(try await transport.perform(prepared, owner: ObjectIdentifier(self)))
+      if let target = KeepAliveConnection.target(for: prepared), keptConnection?.busy != true {
+        let connection =
+          keptConnection ?? KeepAliveConnection(loop: transport.loop, maxBodyBytes: transport.maxBodyBytes)
+        keptConnection = connection
+        outcome = .success(try await connection.perform(prepared, to: target))
+      } else {
+        outcome = .success(try await transport.perform(prepared, owner: ObjectIdentifier(self)))
+      }
     } catch {
       outcome = .failure(error)
     }
@@ -163,8 +177,13 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   }
 
   /// Cancels this client's transfers (not those of other clients sharing the transport).
-  public func cancelAll() { transport.cancelAll(owner: ObjectIdentifier(self)) }
+  public func cancelAll() {
+    transport.cancelAll(owner: ObjectIdentifier(self))
+    keptConnection?.cancel()
+  }
 
   /// This client's transfers in progress.
-  public var inFlight: Int { transport.inFlight(owner: ObjectIdentifier(self)) }
+  public var inFlight: Int {
+    transport.inFlight(owner: ObjectIdentifier(self)) + (keptConnection?.busy == true ? 1 : 0)
+  }
 }

@@ -20,18 +20,24 @@ final class CapturingServer: @unchecked Sendable {  // state behind `lock`; the 
   let body: String
   /// Answers a request (its number from 0, the request) with a status and body instead of the canned ones.
   let respond: (@Sendable (Int, Request) -> (Int, String))?
+  /// Answers a request with these exact bytes instead (a chunked body, a broken head, …), closing the connection
+  /// after them when `close` is set.
+  let rawRespond: (@Sendable (Int, Request) -> (bytes: String, close: Bool))?
+  private var accepted = 0
 
   var port: Int { socket.port }
   var url: String { "http://127.0.0.1:\(socket.port)" }
 
   init(
     status: Int = 401, body: String = "{\"error\":\"no\"}",
-    respond: (@Sendable (Int, Request) -> (Int, String))? = nil
+    respond: (@Sendable (Int, Request) -> (Int, String))? = nil,
+    rawRespond: (@Sendable (Int, Request) -> (bytes: String, close: Bool))? = nil
   ) throws {
     socket = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 16)
     self.status = status
     self.body = body
     self.respond = respond
+    self.rawRespond = rawRespond
     let flags = fcntl(socket.fd, F_GETFL)
     _ = fcntl(socket.fd, F_SETFL, flags & ~O_NONBLOCK)
     let thread = Thread { [self] in acceptLoop() }
@@ -40,6 +46,8 @@ final class CapturingServer: @unchecked Sendable {  // state behind `lock`; the 
 
   /// Every request parsed so far.
   var received: [Request] { lock.withLock { requests } }
+  /// Connections accepted so far.
+  var connections: Int { lock.withLock { accepted } }
   /// Every byte received so far, on every connection.
   var receivedBytes: [UInt8] { lock.withLock { raw } }
 
@@ -58,6 +66,7 @@ final class CapturingServer: @unchecked Sendable {  // state behind `lock`; the 
         if isStopped { return }
         continue
       }
+      lock.withLock { accepted += 1 }
       let thread = Thread { [self] in serve(client) }
       thread.start()
     }
@@ -69,13 +78,18 @@ final class CapturingServer: @unchecked Sendable {  // state behind `lock`; the 
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     var buffer: [UInt8] = []
     var chunk = [UInt8](repeating: 0, count: 16 << 10)
-    while !isStopped {
+    serving: while !isStopped {
       // Answer every complete request in the buffer, then read more.
       while let (request, used) = CapturingServer.parse(buffer) {
         buffer.removeFirst(used)
         let number = lock.withLock {
           requests.append(request)
           return requests.count - 1
+        }
+        if let (bytes, close) = rawRespond?(number, request) {
+          _ = bytes.utf8CString.withUnsafeBufferPointer { send(fd, $0.baseAddress, $0.count - 1, Int32(MSG_NOSIGNAL)) }
+          if close { break serving }
+          continue
         }
         let (status, body) = respond?(number, request) ?? (self.status, self.body)
         let answer =

@@ -1,0 +1,432 @@
+import CLibevent
+import Foundation
+
+/// One upstream client's kept-alive HTTP/1.1 connection, through libevent's own HTTP client (`evhttp`), for the
+/// requests that need nothing libcurl adds: plain `http://` to an IP address, no proxy, no userinfo.
+///
+/// Why: a per-user relay re-polls every account all the time, and libcurl's transfer model costs most of an idle
+/// cycle (issue 23, sixth step): a transfer made and freed per request, three `poll` calls checking that a kept
+/// connection is alive before reusing it, and the socket unwatched when a transfer ends and watched again when the
+/// next one starts. Here the connection stays open and watched between polls (evhttp watches it for a close), and a
+/// cycle is one `recv` and one `send` on the socket. Everything else (TLS, host names, proxies, a second request
+/// while one is in flight) still goes through libcurl: `UpstreamClient.send` picks per request.
+///
+/// Loop-confined: made, used and freed on the loop thread.
+final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
+  let loop: EventLoop
+  /// Largest answer body accepted (evhttp refuses a longer one before reading it all).
+  var maxBodyBytes: Int
+  /// Largest answer header block accepted.
+  static let maxHeaderBytes = 64 << 10
+  private var connection: OpaquePointer?
+  private var connectedTarget: Target?
+  private var readTimeout = -1.0
+  private var current: KeepAliveExchange?
+  private var deadline: LoopTimer?
+  /// Requests sent on this connection (one per exchange); for tests and the bench.
+  private(set) var requestsSent = 0
+
+  /// True when the relay was told to use libcurl for every request (`POLLCAST_UPSTREAM_CLIENT=curl`), or when a
+  /// proxy is configured in the environment (libcurl honours it; this client does not).
+  static let disabled: Bool = {
+    let environment = ProcessInfo.processInfo.environment
+    if environment["POLLCAST_UPSTREAM_CLIENT"]?.lowercased() == "curl" { return true }
+    return ["http_proxy", "all_proxy", "ALL_PROXY"].contains { !(environment[$0] ?? "").isEmpty }
+  }()
+
+  init(loop: EventLoop, maxBodyBytes: Int) {
+    self.loop = loop
+    self.maxBodyBytes = maxBodyBytes
+  }
+
+  deinit {
+    deadline = nil
+    if let current {
+      // Nothing waits on an exchange of a client that is gone, but a continuation must not be dropped unresumed.
+      self.current = nil
+      current.complete(.failure(UpstreamError(.cancelled, "cancelled")))
+    }
+    guard let connection else { return }
+    // evhttp_connection_free frees the queued request without calling back.
+    let doomed = UncheckedPointer(connection)
+    if loop.inLoopThread || !loop.isRunning {
+      evhttp_connection_free(doomed.pointer)
+    } else {
+      loop.execute { evhttp_connection_free(doomed.pointer) }
+    }
+  }
+
+  /// Where a request goes, parsed from its URL.
+  struct Target: Equatable {
+    var host: String
+    var port: UInt16
+    /// The URL's authority, sent as `Host`.
+    var authority: Substring
+    /// Path and query (the request target).
+    var path: Substring
+
+    static func == (a: Target, b: Target) -> Bool { a.host == b.host && a.port == b.port }
+  }
+
+  /// True while a request is in flight on this connection (a second one goes through libcurl meanwhile).
+  var busy: Bool { current != nil }
+
+  /// The request's target when this connection can carry `request`, nil when libcurl must.
+  static func target(for request: UpstreamRequest) -> Target? {
+    guard !disabled, method(request.method) != nil else { return nil }
+    if request.body != nil && request.method != "POST" && request.method != "PUT" { return nil }
+    let url = request.url
+    guard url.utf8.count > 7, url.utf8.prefix(7).map({ $0 | 0x20 }).elementsEqual("http://".utf8) else {
+      return nil
+    }
+    let rest = url.dropFirst(7)
+    let authorityEnd = rest.firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? rest.endIndex
+    let authority = rest[..<authorityEnd]
+    guard !authority.isEmpty, !authority.contains("@") else { return nil }
+    var host: Substring
+    var portText: Substring = ""
+    if authority.first == "[" {
+      guard let close = authority.firstIndex(of: "]") else { return nil }
+      host = authority[authority.index(after: authority.startIndex)..<close]
+      let after = authority[authority.index(after: close)...]
+      if !after.isEmpty {
+        guard after.first == ":" else { return nil }
+        portText = after.dropFirst()
+      }
+      guard isAddress(host, family: AF_INET6) else { return nil }
+    } else {
+      if let colon = authority.firstIndex(of: ":") {
+        host = authority[..<colon]
+        portText = authority[authority.index(after: colon)...]
+      } else {
+        host = authority
+      }
+      // Names need resolving (libevent would block the loop, or try one address only): libcurl does that.
+      guard isAddress(host, family: AF_INET) else { return nil }
+    }
+    var port: UInt16 = 80
+    if !portText.isEmpty {
+      guard portText.utf8.count <= 5, portText.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let value = Int(portText),
+        value > 0, value <= 65535
+      else { return nil }
+      port = UInt16(value)
+    }
+    var path = rest[authorityEnd...]
+    if let hash = path.firstIndex(of: "#") { path = path[..<hash] }
+    // "http://host?x" asks for "/?x"; a target must start with "/".
+    guard path.first == "/" || path.isEmpty else { return nil }
+    return Target(host: String(host), port: port, authority: authority, path: path.isEmpty ? "/" : path)
+  }
+
+  private static func isAddress(_ text: Substring, family: Int32) -> Bool {
+    guard !text.isEmpty, text.utf8.count < 64 else { return false }
+    var storage = in6_addr()
+    return String(text).withCString { inet_pton(family, $0, &storage) } == 1
+  }
+
+  static func method(_ name: String) -> evhttp_cmd_type? {
+    switch name {
+    case "GET": EVHTTP_REQ_GET
+    case "POST": EVHTTP_REQ_POST
+    case "PUT": EVHTTP_REQ_PUT
+    case "DELETE": EVHTTP_REQ_DELETE
+    case "HEAD": EVHTTP_REQ_HEAD
+    case "OPTIONS": EVHTTP_REQ_OPTIONS
+    default: nil
+    }
+  }
+
+  /// Runs `request` (already checked by `OutgoingRequest.check`) to `target` on the kept connection. Cancelling the
+  /// calling task cancels the request. Must be called on the loop, with no request in flight (`busy` false).
+  func perform(_ request: UpstreamRequest, to target: Target, isolation: isolated (any Actor)? = #isolation)
+    async throws(UpstreamError) -> UpstreamResponse
+  {
+    let pending = PendingExchange()
+    do {
+      return try await withTaskCancellationHandler {
+        try await withCheckedThrowingContinuation(isolation: isolation) { continuation in
+          if Task.isCancelled {
+            continuation.resume(throwing: UpstreamError(.cancelled, "cancelled"))
+            return
+          }
+          pending.continuation = continuation
+          start(request, to: target) { result in
+            guard let continuation = pending.continuation else { return }
+            pending.continuation = nil
+            continuation.resume(with: result)
+          }
+        }
+      } onCancel: { [loop] in
+        loop.execute { [self] in
+          guard pending.continuation != nil else { return }
+          cancel()
+        }
+      }
+    } catch let error as UpstreamError {
+      throw error
+    } catch {
+      throw UpstreamError(.transport, "\(error)")
+    }
+  }
+
+  /// Starts `request`; `completion` runs on the loop exactly once (with `.cancelled` when cancelled).
+  func start(
+    _ request: UpstreamRequest, to target: Target,
+    completion: @escaping (Result<UpstreamResponse, UpstreamError>) -> Void
+  ) {
+    loop.assertOnLoop()
+    precondition(current == nil, "one request at a time on a kept-alive connection")
+    guard let method = Self.method(request.method) else {
+      completion(.failure(UpstreamError(.transport, "method \(request.method) is not carried by the kept connection")))
+      return
+    }
+    if connectedTarget != target, let old = connection {
+      evhttp_connection_free(old)  // idle (no exchange in flight): frees nothing else
+      connection = nil
+    }
+    if connection == nil {
+      guard let made = evhttp_connection_base_new(loop.base, nil, target.host, target.port) else {
+        completion(.failure(UpstreamError(.transport, "cannot make a connection to \(target.host):\(target.port)")))
+        return
+      }
+      evhttp_connection_set_max_body_size(made, maxBodyBytes)
+      evhttp_connection_set_max_headers_size(made, Self.maxHeaderBytes)
+      evhttp_connection_set_retries(made, 0)
+      connection = made
+      connectedTarget = target
+      readTimeout = -1
+    }
+    guard let connection else { return }
+    // evhttp's read and write inactivity timeout; the exchange's own deadline (below) ends the total time.
+    if readTimeout != request.timeout {
+      var tv = timeval(seconds: max(0.001, request.timeout))
+      evhttp_connection_set_timeout_tv(connection, &tv)
+      readTimeout = request.timeout
+    }
+    let exchange = KeepAliveExchange(
+      request: request, maxBody: maxBodyBytes, completion: completion, owner: self)
+    // Unretained: `current` holds the exchange until it completes or is cancelled, and libevent calls back for it
+    // only before that (a cancelled or freed request never calls back).
+    let context = Unmanaged.passUnretained(exchange).toOpaque()
+    guard let raw = evhttp_request_new(keepAliveRequestDone, context) else {
+      completion(.failure(UpstreamError(.transport, "evhttp_request_new failed")))
+      return
+    }
+    evhttp_request_set_error_cb(raw, keepAliveRequestError)
+    let headers = evhttp_request_get_output_headers(raw)
+    var added = evhttp_add_header(headers, "Host", String(target.authority))
+    var hasAccept = false
+    var hasAgent = false
+    for (name, value) in request.headers {
+      if added != 0 { break }
+      hasAccept = hasAccept || name.caseInsensitiveEquals("Accept")
+      hasAgent = hasAgent || name.caseInsensitiveEquals("User-Agent")
+      added = evhttp_add_header(headers, name, value)
+    }
+    if added == 0 && !hasAgent { added = evhttp_add_header(headers, "User-Agent", Self.userAgent) }
+    if added == 0 && !hasAccept { added = evhttp_add_header(headers, "Accept", "*/*") }
+    if added == 0, let body = request.body, !body.isEmpty {
+      added = body.withUnsafeBytes { evbuffer_add(evhttp_request_get_output_buffer(raw), $0.baseAddress, $0.count) }
+    }
+    guard added == 0 else {
+      evhttp_request_free(raw)
+      // OutgoingRequest.check ran first, so this is libevent's own refusal (or memory).
+      completion(.failure(UpstreamError(.unsafeRequest, "\(request.label) request refused by the HTTP client")))
+      return
+    }
+    exchange.raw = raw
+    current = exchange
+    requestsSent += 1
+    armDeadline(for: exchange)
+    // On -1 the request is freed and its callback may have run already: `current` tells.
+    if evhttp_make_request(connection, raw, method, String(target.path)) != 0, current === exchange {
+      finish(exchange, .failure(UpstreamError(.transport, "cannot send the request to \(target.host):\(target.port)")))
+    }
+  }
+
+  private static let userAgent = "pollcast/\(PollcastVersion.current)"
+
+  /// One timer per connection, re-armed per exchange: first at the connect deadline (is the socket connected by
+  /// then?), then at the total deadline.
+  private func armDeadline(for exchange: KeepAliveExchange) {
+    if deadline == nil {
+      deadline = LoopTimer(loop: loop) { [weak self] in self?.deadlinePassed() }
+    }
+    let request = exchange.request
+    exchange.checkingConnect = request.connectTimeout < request.timeout
+    deadline?.schedule(after: max(0.001, exchange.checkingConnect ? request.connectTimeout : request.timeout))
+  }
+
+  private func deadlinePassed() {
+    guard let exchange = current else { return }
+    let request = exchange.request
+    if exchange.checkingConnect {
+      exchange.checkingConnect = false
+      if isConnected() {
+        let left = request.timeout - (MonotonicClock.seconds() - exchange.started)
+        deadline?.schedule(after: max(0.001, left))
+        return
+      }
+      abort(exchange, UpstreamError(.timeout, "no connection within \(request.connectTimeout) s"))
+      return
+    }
+    abort(exchange, UpstreamError(.timeout, "no complete answer within \(request.timeout) s"))
+  }
+
+  private func isConnected() -> Bool {
+    guard let connection, let event = evhttp_connection_get_bufferevent(connection) else { return false }
+    let fd = bufferevent_getfd(event)
+    guard fd >= 0 else { return false }
+    var address = sockaddr_storage()
+    var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+    return withUnsafeMutablePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getpeername(fd, $0, &length) }
+    } == 0
+  }
+
+  /// Cancels the request in flight, if any: its completion gets `.cancelled`.
+  func cancel() {
+    guard let exchange = current else { return }
+    abort(exchange, UpstreamError(.cancelled, "cancelled"))
+  }
+
+  /// Ends `exchange` before its answer: libevent cancels the request (resetting the connection, which is reopened
+  /// for the next one) and does not call back for it.
+  private func abort(_ exchange: KeepAliveExchange, _ error: UpstreamError) {
+    if let raw = exchange.raw {
+      exchange.raw = nil
+      evhttp_cancel_request(raw)
+    }
+    finish(exchange, .failure(error))
+  }
+
+  fileprivate func finish(_ exchange: KeepAliveExchange, _ result: Result<UpstreamResponse, UpstreamError>) {
+    guard current === exchange else { return }
+    current = nil
+    exchange.raw = nil
+    deadline?.cancel()
+    exchange.complete(result)
+  }
+}
+
+/// One request on a kept connection and what came back; held by the connection while in flight.
+private final class KeepAliveExchange {
+  let request: UpstreamRequest
+  let maxBody: Int
+  let started = MonotonicClock.seconds()
+  var completion: ((Result<UpstreamResponse, UpstreamError>) -> Void)?
+  weak var owner: KeepAliveConnection?
+  var raw: OpaquePointer?
+  var errorCode: evhttp_request_error?
+  var checkingConnect = false
+
+  init(
+    request: UpstreamRequest, maxBody: Int, completion: @escaping (Result<UpstreamResponse, UpstreamError>) -> Void,
+    owner: KeepAliveConnection
+  ) {
+    self.request = request
+    self.maxBody = maxBody
+    self.completion = completion
+    self.owner = owner
+  }
+
+  func complete(_ result: Result<UpstreamResponse, UpstreamError>) {
+    guard let completion else { return }
+    self.completion = nil
+    completion(result)
+  }
+
+  /// libevent's verdict on the request: the answer, or why there is none.
+  func outcome(_ raw: OpaquePointer?) -> Result<UpstreamResponse, UpstreamError> {
+    let duration = MonotonicClock.seconds() - started
+    guard let raw, errorCode == nil else {
+      switch errorCode {
+      case EVREQ_HTTP_TIMEOUT:
+        return .failure(UpstreamError(.timeout, "no complete answer within \(request.timeout) s"))
+      case EVREQ_HTTP_DATA_TOO_LONG:
+        return .failure(UpstreamError(.decoding, "response body larger than \(maxBody) bytes"))
+      case EVREQ_HTTP_INVALID_HEADER:
+        return .failure(
+          UpstreamError(
+            .transport, "request failed",
+            cause: "the answer's head is not valid HTTP or is over \(KeepAliveConnection.maxHeaderBytes) bytes"))
+      case EVREQ_HTTP_EOF:
+        return .failure(
+          UpstreamError(.transport, "request failed", cause: "connection closed before a complete answer"))
+      default:
+        return .failure(UpstreamError(.transport, "request failed", cause: "connection error"))
+      }
+    }
+    let status = Int(evhttp_request_get_response_code(raw))
+    // A request called back without an answer: the connection could not be made (refused, unreachable).
+    guard status > 0 else {
+      return .failure(UpstreamError(.transport, "request failed", cause: "cannot connect to the upstream"))
+    }
+    var body: [UInt8] = []
+    if let buffer = evhttp_request_get_input_buffer(raw) {
+      let length = evbuffer_get_length(buffer)
+      if length > maxBody {
+        return .failure(UpstreamError(.decoding, "response body larger than \(maxBody) bytes"))
+      }
+      if length > 0 {
+        body = [UInt8](unsafeUninitializedCapacity: length) { bytes, count in
+          count = max(0, evbuffer_copyout(buffer, bytes.baseAddress, length))
+        }
+      }
+    }
+    var fields: [(name: String, value: String)] = []
+    if let wanted = request.wantedHeaders, let headers = evhttp_request_get_input_headers(raw) {
+      var field = pollcast_evkeyvalq_first(headers)
+      while let current = field {
+        if let key = current.pointee.key, let value = current.pointee.value {
+          let name = String(cString: key)
+          if wanted.isEmpty {
+            fields.append((name, String(cString: value)))
+            if fields.count >= 200 { break }  // a hostile server's thousands of headers are not all kept
+          } else if let match = wanted.first(where: { $0.caseInsensitiveEquals(name) }) {
+            // The last of several fields of one name, as `UpstreamResponse.header` reads it.
+            fields.removeAll { $0.name.caseInsensitiveEquals(match) }
+            fields.append((match, String(cString: value)))
+          }
+        }
+        field = pollcast_evkeyval_next(current)
+      }
+    }
+    return .success(UpstreamResponse(status: status, body: body, duration: duration, headers: fields))
+  }
+}
+
+/// Bridges an exchange to an async caller; touched on the loop only.
+private final class PendingExchange: @unchecked Sendable {
+  var continuation: CheckedContinuation<UpstreamResponse, Error>?
+}
+
+/// A C pointer handed to the loop to free there.
+private struct UncheckedPointer: @unchecked Sendable {
+  let pointer: OpaquePointer
+  init(_ pointer: OpaquePointer) { self.pointer = pointer }
+}
+
+extension String {
+  /// ASCII case-insensitive equality (header names), without making lowercased copies.
+  fileprivate func caseInsensitiveEquals(_ other: String) -> Bool {
+    func lower(_ byte: UInt8) -> UInt8 { byte >= 0x41 && byte <= 0x5A ? byte | 0x20 : byte }
+    return utf8.count == other.utf8.count && zip(utf8, other.utf8).allSatisfy { lower($0) == lower($1) }
+  }
+}
+
+/// The request's answer (or, with nil, its failure after `keepAliveRequestError`).
+private let keepAliveRequestDone: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { raw, context in
+  guard let context else { return }
+  let exchange = Unmanaged<KeepAliveExchange>.fromOpaque(context).takeUnretainedValue()
+  guard let owner = exchange.owner else { return }
+  // libevent frees the request after this returns (or has freed it already, for a failure).
+  exchange.raw = nil
+  owner.finish(exchange, exchange.outcome(raw))
+}
+
+private let keepAliveRequestError: @convention(c) (evhttp_request_error, UnsafeMutableRawPointer?) -> Void = {
+  error, context in
+  guard let context else { return }
+  Unmanaged<KeepAliveExchange>.fromOpaque(context).takeUnretainedValue().errorCode = error
+}

@@ -6,6 +6,18 @@ import Testing
 @Suite struct ConfigurationTests {
   private let loader = ConfigurationLoader()
 
+  @Test func theUpstreamClientSwitchTakesAutoOrCurlAndRefusesAnythingElse() throws {
+    #expect(throws: Never.self) {
+      try loader.load(fileText: nil, environment: ["POLLCAST_UPSTREAM_CLIENT": "curl"], overrides: [])
+    }
+    #expect(throws: Never.self) {
+      try loader.load(fileText: nil, environment: ["POLLCAST_UPSTREAM_CLIENT": "auto"], overrides: [])
+    }
+    #expect(throws: ConfigurationError.self) {
+      try loader.load(fileText: nil, environment: ["POLLCAST_UPSTREAM_CLIENT": "fast"], overrides: [])
+    }
+  }
+
   @Test func defaultsAreValid() throws {
     #expect(Configuration().problems().isEmpty)
     let config = try loader.load(fileText: nil, environment: [:], overrides: [])

@@ -22,6 +22,10 @@ public struct ConfigurationLoader {
     let byKey = Dictionary(uniqueKeysWithValues: Configuration.settings.map { ($0.key, $0) })
     for (alias, key) in Self.environmentAliases { byEnvironmentName[alias] = byKey[key] }
     for (name, value) in environment.sorted(by: { $0.key < $1.key }) where name.hasPrefix("POLLCAST_") {
+      if name == "POLLCAST_UPSTREAM_CLIENT", !["auto", "curl"].contains(value.lowercased()) {
+        problems.append("\(name): \"\(value.prefix(40))\" is not auto or curl")
+        continue
+      }
       if Self.nonSettingVariables.contains(name) { continue }
       guard let setting = byEnvironmentName[name] else {
         problems.append("\(name): unknown POLLCAST_ variable")
@@ -46,7 +50,9 @@ public struct ConfigurationLoader {
   static let environmentAliases: [String: String] = ["POLLCAST_LISTEN": "server.listen"]
 
   /// Variables with the prefix that are not settings (read by the CLI itself).
-  static let nonSettingVariables: Set<String> = ["POLLCAST_CONFIG"]
+  /// `POLLCAST_UPSTREAM_CLIENT=curl` sends every upstream request through libcurl, none over the kept-alive
+  /// connection (`KeepAliveConnection`): a way back if a legacy API misbehaves with it, and the benches' A/B.
+  static let nonSettingVariables: Set<String> = ["POLLCAST_CONFIG", "POLLCAST_UPSTREAM_CLIENT"]
 
   private func applyFile(_ text: String, name: String, to config: inout Configuration) -> [String] {
     let value: JSONValue

@@ -342,6 +342,21 @@ import Testing
     #expect(target("http://127.0.0.1:1/p", method: "POST", body: [1]) != nil)
   }
 
+  @Test func edgesOfTheURLAreParsedByBytesWithoutLosingAnything() throws {
+    let unicode = try #require(target("http://127.0.0.1:65535/é/𝄞?q=ü#ß"))
+    #expect(unicode.port == 65535 && unicode.path == "/é/𝄞?q=ü" && unicode.authority == "127.0.0.1:65535")
+    let emptyPort = try #require(target("http://127.0.0.1:/p"))
+    #expect(emptyPort.port == 80 && emptyPort.path == "/p")
+    let fragmentOnly = try #require(target("http://10.1.2.3#top"))
+    #expect(fragmentOnly.host == "10.1.2.3" && fragmentOnly.path == "/")
+    let bareSix = try #require(target("http://[2001:db8::5]"))
+    #expect(bareSix.host == "2001:db8::5" && bareSix.port == 80 && bareSix.path == "/")
+    #expect(target("http://127.0.0.1:123456/p") == nil)
+    #expect(target("http://127.0.0.1:-1/p") == nil)
+    #expect(target("http://[::1]]/p") == nil)
+    #expect(target("http://1.2.3.4é/p") == nil)
+  }
+
   @Test(arguments: [
     "https://127.0.0.1/p", "http://localhost:80/p", "http://api.example/p", "http://u:p@127.0.0.1/p",
     "http://127.0.0.1:0/p", "http://127.0.0.1:65536/p", "http://127.0.0.1:8x/p", "http://127.0.0.1?x=1",

@@ -75,47 +75,55 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   static func target(for request: UpstreamRequest) -> Target? {
     guard !disabled, method(request.method) != nil else { return nil }
     if request.body != nil && request.method != "POST" && request.method != "PUT" { return nil }
+    // Byte scans on the UTF-8 view: this runs for every request, and Character-level scanning (grapheme breaking)
+    // of the URL cost ~5 µs a poll at 1,000 polls a second. Every delimiter is ASCII, so the indices found are
+    // valid for the string itself.
     let url = request.url
-    guard url.utf8.count > 7, url.utf8.prefix(7).map({ $0 | 0x20 }).elementsEqual("http://".utf8) else {
-      return nil
-    }
-    let rest = url.dropFirst(7)
-    let authorityEnd = rest.firstIndex { $0 == "/" || $0 == "?" || $0 == "#" } ?? rest.endIndex
-    let authority = rest[..<authorityEnd]
-    guard !authority.isEmpty, !authority.contains("@") else { return nil }
-    var host: Substring
-    var portText: Substring = ""
-    if authority.first == "[" {
-      guard let close = authority.firstIndex(of: "]") else { return nil }
-      host = authority[authority.index(after: authority.startIndex)..<close]
-      let after = authority[authority.index(after: close)...]
-      if !after.isEmpty {
-        guard after.first == ":" else { return nil }
-        portText = after.dropFirst()
+    let bytes = url.utf8
+    guard bytes.count > 7, bytes.prefix(7).map({ $0 | 0x20 }).elementsEqual("http://".utf8) else { return nil }
+    let restStart = bytes.index(bytes.startIndex, offsetBy: 7)
+    let authorityEnd =
+      bytes[restStart...].firstIndex { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }
+      ?? bytes.endIndex
+    let authorityBytes = bytes[restStart..<authorityEnd]
+    guard !authorityBytes.isEmpty, !authorityBytes.contains(UInt8(ascii: "@")) else { return nil }
+    var hostRange: Range<String.Index>
+    var portStart: String.Index? = nil
+    if authorityBytes.first == UInt8(ascii: "[") {
+      guard let close = authorityBytes.firstIndex(of: UInt8(ascii: "]")) else { return nil }
+      hostRange = bytes.index(after: restStart)..<close
+      let after = bytes.index(after: close)
+      if after != authorityEnd {
+        guard bytes[after] == UInt8(ascii: ":") else { return nil }
+        portStart = bytes.index(after: after)
       }
-      guard isAddress(host, family: AF_INET6) else { return nil }
+      guard isAddress(url[hostRange], family: AF_INET6) else { return nil }
     } else {
-      if let colon = authority.firstIndex(of: ":") {
-        host = authority[..<colon]
-        portText = authority[authority.index(after: colon)...]
+      if let colon = authorityBytes.firstIndex(of: UInt8(ascii: ":")) {
+        hostRange = restStart..<colon
+        portStart = bytes.index(after: colon)
       } else {
-        host = authority
+        hostRange = restStart..<authorityEnd
       }
       // Names need resolving (libevent would block the loop, or try one address only): libcurl does that.
-      guard isAddress(host, family: AF_INET) else { return nil }
+      guard isAddress(url[hostRange], family: AF_INET) else { return nil }
     }
     var port: UInt16 = 80
-    if !portText.isEmpty {
-      guard portText.utf8.count <= 5, portText.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }), let value = Int(portText),
-        value > 0, value <= 65535
-      else { return nil }
+    if let portStart, portStart != authorityEnd {
+      let digits = bytes[portStart..<authorityEnd]
+      guard digits.count <= 5, digits.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) else { return nil }
+      let value = digits.reduce(0) { $0 * 10 + Int($1 - 0x30) }
+      guard value > 0, value <= 65535 else { return nil }
       port = UInt16(value)
     }
-    var path = rest[authorityEnd...]
-    if let hash = path.firstIndex(of: "#") { path = path[..<hash] }
+    var pathEnd = bytes.endIndex
+    if let hash = bytes[authorityEnd...].firstIndex(of: UInt8(ascii: "#")) { pathEnd = hash }
+    let path = url[authorityEnd..<pathEnd]
     // "http://host?x" asks for "/?x"; a target must start with "/".
-    guard path.first == "/" || path.isEmpty else { return nil }
-    return Target(host: String(host), port: port, authority: authority, path: path.isEmpty ? "/" : path)
+    guard path.utf8.first == UInt8(ascii: "/") || path.isEmpty else { return nil }
+    return Target(
+      host: String(url[hostRange]), port: port, authority: url[restStart..<authorityEnd],
+      path: path.isEmpty ? "/" : path)
   }
 
   private static func isAddress(_ text: Substring, family: Int32) -> Bool {

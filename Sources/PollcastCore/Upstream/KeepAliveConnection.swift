@@ -80,7 +80,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     // valid for the string itself.
     let url = request.url
     let bytes = url.utf8
-    guard bytes.count > 7, bytes.prefix(7).map({ $0 | 0x20 }).elementsEqual("http://".utf8) else { return nil }
+    guard bytes.count > 7, bytes.prefix(7).lazy.map({ $0 | 0x20 }).elementsEqual("http://".utf8) else { return nil }
     let restStart = bytes.index(bytes.startIndex, offsetBy: 7)
     let authorityEnd =
       bytes[restStart...].firstIndex { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }

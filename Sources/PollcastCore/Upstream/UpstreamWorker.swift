@@ -173,20 +173,19 @@ public actor UpstreamWorker {
 
   // MARK: The cycle
 
+  // The cycle's own frame holds little: every decision, log line and statistic is in a synchronous, non-inlined
+  // step below. An async function's frame holds every value and temporary of its body, and each account's cycle
+  // task keeps the deepest chain of frames it ever needed (the task allocator keeps its slabs) for as long as the
+  // account lives.
   private func runCycle(_ cycleGeneration: Int) async {
     var needsPreparation = true
     while isCurrent(cycleGeneration) {
       do throws(UpstreamError) {
         if needsPreparation {
-          if !adapter.hasSession { setState(.connecting) }
-          let hadSessionBefore = adapter.hasSession
+          let hadSessionBefore = preparing()
           let preparation = try await prepareApart()
           guard isCurrent(cycleGeneration) else { return }
-          if !hadSessionBefore {
-            statistics.sessionsStarted += 1
-            logger.info("upstream session started", metadata: ["streams": preparation.streams.joined(separator: ",")])
-          }
-          let notices = apply(preparation)
+          let notices = prepared(preparation, hadSessionBefore: hadSessionBefore)
           // The streams and first cursors are stored before the first poll: a crash before any message arrives
           // still polls on from here, so nothing the upstream receives meanwhile is skipped.
           guard await store(notices, cycleGeneration) else { continue }
@@ -194,11 +193,7 @@ public actor UpstreamWorker {
           needsPreparation = false
           lastSync = MonotonicClock.seconds()
         }
-        statistics.pollsInFlight += 1
-        assert(statistics.pollsInFlight == 1, "more than one poll in flight")
-        statistics.maxPollsInFlight = max(statistics.maxPollsInFlight, statistics.pollsInFlight)
-        let started = MonotonicClock.seconds()
-        statistics.pollStarted = started
+        let started = pollStarting()
         let answer: UpstreamPollAnswer
         do throws(UpstreamError) {
           answer = try await adapter.poll(client, cursors: cursors, tokens: book.tokens, isolation: self)
@@ -207,16 +202,8 @@ public actor UpstreamWorker {
           throw error
         }
         guard isCurrent(cycleGeneration) else { return }
-        statistics.pollsInFlight -= 1
-        statistics.pollDurations.record(MonotonicClock.seconds() - started)
-        statistics.lastPollCompleted = MonotonicClock.seconds()
-        statistics.pollsByOutcome[answer.isEmpty ? "empty" : "messages", default: 0] += 1
-        consecutiveUnauthorized = 0
-        backoff.reset()
-        statistics.backoffAttempt = 0
-        statistics.nextRetryDelay = 0
-        let cursorsBefore = cursors
-        let tokensBefore = book.tokens
+        pollAnswered(answer, started: started)
+        let before = PositionBefore(cursors: cursors, tokens: book.tokens)
         guard let wentBackwards = await relay(answer, cycleGeneration) else {
           // The store refused the batch: nothing of it was shown, the cursors did not move, and the next poll
           // (after a backoff) brings the same messages again.
@@ -225,95 +212,178 @@ public actor UpstreamWorker {
           continue
         }
         guard isCurrent(cycleGeneration) else { return }
-        if let asked = answer.nextPollAfter, asked > 0 {
-          // The API asked for a pause before the next poll (a recipe's `after`: Dropbox's `backoff`), within the
-          // bound a server-given delay gets.
-          let delay = min(asked, UpstreamError.maxRetryAfter)
-          logger.debug("upstream asked to wait before the next poll", metadata: ["delay_ms": String(Int(delay * 1000))])
-          do {
-            try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
-          } catch {
-            return
-          }
-          continue
-        }
-        if !answer.rejected.contains(where: { !$0.expected }) || cursors != cursorsBefore {
-          let took = MonotonicClock.seconds() - started
-          let wait = spacing.delay(
-            afterPollTaking: took, brought: cursors != cursorsBefore || book.tokens != tokensBefore, using: &random)
-          if wait > 0 {
-            guard await space(wait) else { return }
-            continue
-          } else if statistics.pollSpacing > 0 {
-            statistics.pollSpacing = 0
-            logger.info("upstream holds its polls again: no more spacing")
-            republishState()
-          }
-        }
-        if answer.rejected.contains(where: { !$0.expected }) && cursors == cursorsBefore {
-          // Only messages that cannot be relayed and have no id to move past: the upstream will answer the same
-          // at once. Wait like after a failure instead of polling it in a tight loop.
-          let delay = backoff.nextDelay(using: &random)
-          statistics.backoffAttempt = backoff.attempt
-          logger.limited(
-            .warning, "upstream answer held only messages that cannot be relayed: backing off",
-            metadata: ["delay_ms": String(Int(delay * 1000))], limiter: &logLimiter)
-          do {
-            try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
-          } catch {
-            return
-          }
-          continue
-        }
-        // Resync from the upstream's own notion of latest when its ids went backwards, and periodically: a
-        // restored database that honours the old cursor never answers a poll at all.
-        if (wentBackwards || MonotonicClock.seconds() - lastSync >= settings.resyncInterval) && adapter.canSync {
+        switch next(after: answer, from: before, started: started, wentBackwards: wentBackwards) {
+        case .poll:
+          break
+        case .resync:
           needsPreparation = true
+        case .wait(let delay):
+          do {
+            try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
+          } catch {
+            return
+          }
+        case .space(let delay):
+          guard await space(delay) else { return }
         }
       } catch {
         guard isCurrent(cycleGeneration), error.kind != .cancelled else { return }
-        statistics.pollsByOutcome[error.outcome, default: 0] += 1
-        if error.kind == .sessionExpired {
-          adapter.invalidateSession()
+        switch failed(error) {
+        case .stop:
+          return
+        case .again:
           needsPreparation = true
-          consecutiveUnauthorized += 1
-          if consecutiveUnauthorized == 1 {
-            logger.info("upstream session expired: starting a new one")
-            continue
+        case .wait(let delay):
+          do {
+            try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
+          } catch {
+            return  // cancelled: stop() or a restart
           }
+          // After a failure the session or the server may have changed: sync cursors again.
+          needsPreparation = true
         }
-        if case .status(let code) = error.kind, code == 401 || (code == 403 && settings.stopWhenKeyRefused) {
-          if settings.stopWhenKeyRefused {
-            logger.warning(
-              "upstream refused the subscriber's key: ending the account's streams",
-              metadata: ["error": error.description])
-            stop()
-            keyRefused?(error)
-            return
-          }
-          logger.error("upstream refused the API key", metadata: ["error": error.description])
-        }
-        let drawn = backoff.nextDelay(using: &random)
-        // A server-given delay (Retry-After, a recipe's `after`) is honoured as given, within a bound.
-        let delay = error.retryAfter.map { min(max($0, 0), UpstreamError.maxRetryAfter) } ?? drawn
-        statistics.backoffAttempt = backoff.attempt
-        statistics.nextRetryDelay = delay
-        logger.warning(
-          "upstream call failed: backing off",
-          metadata: [
-            "error": error.description, "attempt": String(backoff.attempt),
-            "delay_ms": String(Int(delay * 1000)),
-          ])
-        setState(.backoff, extra: ["attempt": String(backoff.attempt), "delay_ms": String(Int(delay * 1000))])
-        do {
-          try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
-        } catch {
-          return  // cancelled: stop() or a restart
-        }
-        // After a failure the session or the server may have changed: sync cursors again.
-        needsPreparation = true
       }
     }
+  }
+
+  /// Where the cursors stood before an answer was relayed.
+  private struct PositionBefore {
+    var cursors: [String: UInt64]
+    var tokens: [String: String]
+  }
+
+  /// What the cycle does after an answer: poll at once, sync first, wait (the API asked, or a backoff), or space
+  /// its polls (the API does not hold them).
+  private enum NextStep {
+    case poll, resync
+    case wait(Double)
+    case space(Double)
+  }
+
+  /// What the cycle does after a failed call: end (the key was refused), start over at once, or wait first.
+  private enum FailureStep {
+    case stop, again
+    case wait(Double)
+  }
+
+  /// Before the session step; whether there was a session already.
+  @inline(never)
+  private func preparing() -> Bool {
+    if !adapter.hasSession { setState(.connecting) }
+    return adapter.hasSession
+  }
+
+  /// After the session step: counts a new session and applies the findings. Returns the notices to store.
+  @inline(never)
+  private func prepared(_ preparation: UpstreamPreparation, hadSessionBefore: Bool) -> [FeedEvent] {
+    if !hadSessionBefore {
+      statistics.sessionsStarted += 1
+      logger.info("upstream session started", metadata: ["streams": preparation.streams.joined(separator: ",")])
+    }
+    return apply(preparation)
+  }
+
+  /// Counts a poll going out; returns when it started.
+  @inline(never)
+  private func pollStarting() -> Double {
+    statistics.pollsInFlight += 1
+    assert(statistics.pollsInFlight == 1, "more than one poll in flight")
+    statistics.maxPollsInFlight = max(statistics.maxPollsInFlight, statistics.pollsInFlight)
+    let started = MonotonicClock.seconds()
+    statistics.pollStarted = started
+    return started
+  }
+
+  /// Counts an answered poll; an answer clears the failure streak.
+  @inline(never)
+  private func pollAnswered(_ answer: UpstreamPollAnswer, started: Double) {
+    statistics.pollsInFlight -= 1
+    statistics.pollDurations.record(MonotonicClock.seconds() - started)
+    statistics.lastPollCompleted = MonotonicClock.seconds()
+    statistics.pollsByOutcome[answer.isEmpty ? "empty" : "messages", default: 0] += 1
+    consecutiveUnauthorized = 0
+    backoff.reset()
+    statistics.backoffAttempt = 0
+    statistics.nextRetryDelay = 0
+  }
+
+  /// Decides what follows a relayed answer.
+  @inline(never)
+  private func next(after answer: UpstreamPollAnswer, from before: PositionBefore, started: Double, wentBackwards: Bool)
+    -> NextStep
+  {
+    if let asked = answer.nextPollAfter, asked > 0 {
+      // The API asked for a pause before the next poll (a recipe's `after`: Dropbox's `backoff`), within the
+      // bound a server-given delay gets.
+      let delay = min(asked, UpstreamError.maxRetryAfter)
+      logger.debug("upstream asked to wait before the next poll", metadata: ["delay_ms": String(Int(delay * 1000))])
+      return .wait(delay)
+    }
+    let moved = cursors != before.cursors
+    if !answer.rejected.contains(where: { !$0.expected }) || moved {
+      let took = MonotonicClock.seconds() - started
+      let wait = spacing.delay(
+        afterPollTaking: took, brought: moved || book.tokens != before.tokens, using: &random)
+      if wait > 0 {
+        return .space(wait)
+      } else if statistics.pollSpacing > 0 {
+        statistics.pollSpacing = 0
+        logger.info("upstream holds its polls again: no more spacing")
+        republishState()
+      }
+    } else {
+      // Only messages that cannot be relayed and have no id to move past: the upstream will answer the same at
+      // once. Wait like after a failure instead of polling it in a tight loop.
+      let delay = backoff.nextDelay(using: &random)
+      statistics.backoffAttempt = backoff.attempt
+      logger.limited(
+        .warning, "upstream answer held only messages that cannot be relayed: backing off",
+        metadata: ["delay_ms": String(Int(delay * 1000))], limiter: &logLimiter)
+      return .wait(delay)
+    }
+    // Resync from the upstream's own notion of latest when its ids went backwards, and periodically: a restored
+    // database that honours the old cursor never answers a poll at all.
+    if (wentBackwards || MonotonicClock.seconds() - lastSync >= settings.resyncInterval) && adapter.canSync {
+      return .resync
+    }
+    return .poll
+  }
+
+  /// Counts and logs a failed call (not a cancellation) and decides what follows.
+  @inline(never)
+  private func failed(_ error: UpstreamError) -> FailureStep {
+    statistics.pollsByOutcome[error.outcome, default: 0] += 1
+    if error.kind == .sessionExpired {
+      adapter.invalidateSession()
+      consecutiveUnauthorized += 1
+      if consecutiveUnauthorized == 1 {
+        logger.info("upstream session expired: starting a new one")
+        return .again
+      }
+    }
+    if case .status(let code) = error.kind, code == 401 || (code == 403 && settings.stopWhenKeyRefused) {
+      if settings.stopWhenKeyRefused {
+        logger.warning(
+          "upstream refused the subscriber's key: ending the account's streams",
+          metadata: ["error": error.description])
+        stop()
+        keyRefused?(error)
+        return .stop
+      }
+      logger.error("upstream refused the API key", metadata: ["error": error.description])
+    }
+    let drawn = backoff.nextDelay(using: &random)
+    // A server-given delay (Retry-After, a recipe's `after`) is honoured as given, within a bound.
+    let delay = error.retryAfter.map { min(max($0, 0), UpstreamError.maxRetryAfter) } ?? drawn
+    statistics.backoffAttempt = backoff.attempt
+    statistics.nextRetryDelay = delay
+    logger.warning(
+      "upstream call failed: backing off",
+      metadata: [
+        "error": error.description, "attempt": String(backoff.attempt), "delay_ms": String(Int(delay * 1000)),
+      ])
+    setState(.backoff, extra: ["attempt": String(backoff.attempt), "delay_ms": String(Int(delay * 1000))])
+    return .wait(delay)
   }
 
   /// The adapter's session step, run in a task of its own on the loop. A task keeps the deepest chain of async

@@ -88,6 +88,36 @@ private actor KeptClientDriver {
     #expect(await driver.kept() == 5)
   }
 
+  @Test func aKeptConnectionClosedAsARequestArrivesIsRetriedOnceOnAFreshOne() async throws {
+    // The race every keep-alive client meets: the server drops a kept connection (a keep-alive timeout, a restart)
+    // just as the next request goes out. Requests 1 and 3 arrive on kept connections and are dropped unanswered:
+    // each is sent once more on a fresh connection. Request 4 is that retry of 3, dropped on its fresh connection:
+    // that failure stands (no second retry, no loop).
+    let server = try CapturingServer(rawRespond: { number, _ in
+      if number == 1 || number == 3 || number == 4 { return ("", true) }
+      let body = "{\"n\":\(number)}"
+      return ("HTTP/1.1 200 OK\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)", false)
+    })
+    defer { server.stop() }
+    let driver = try await driver()
+    defer { driver.loop.stop() }
+    let request = UpstreamRequest(url: "\(server.url)/p?since=1", timeout: 5, label: "t")
+    #expect(String(decoding: try await driver.send(request).get().body, as: UTF8.self) == "{\"n\":0}")
+    #expect(String(decoding: try await driver.send(request).get().body, as: UTF8.self) == "{\"n\":2}")
+    #expect(server.connections == 2)
+    guard case .failure(let dropped) = await driver.send(request) else {
+      Issue.record("a request dropped on a fresh connection was taken as answered")
+      return
+    }
+    #expect(dropped.kind == .transport, "\(dropped)")
+    #expect(String(decoding: try await driver.send(request).get().body, as: UTF8.self) == "{\"n\":5}")
+    #expect(server.connections == 4)
+    // Every try said the same on the wire.
+    #expect(Set(server.received.map(\.line)) == ["GET /p?since=1 HTTP/1.1"])
+    #expect(await driver.kept() == 6)
+    #expect(await driver.inFlight() == 0)
+  }
+
   @Test func chunkedAnswersAndTheHeadersAskedFor() async throws {
     let server = try CapturingServer(rawRespond: { _, _ in
       (

@@ -212,12 +212,21 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
       readTimeout = request.timeout
     }
     let exchange = KeepAliveExchange(
-      request: request, maxBody: maxBodyBytes, completion: completion, owner: self)
+      request: request, target: target, method: method, maxBody: maxBodyBytes, completion: completion, owner: self)
+    current = exchange
+    armDeadline(for: exchange)
+    issue(exchange, on: connection)
+  }
+
+  /// Sends `exchange`'s request on `connection` (its first try, or its one retry on a fresh connection).
+  private func issue(_ exchange: KeepAliveExchange, on connection: OpaquePointer) {
+    let request = exchange.request
+    let target = exchange.target
     // Unretained: `current` holds the exchange until it completes or is cancelled, and libevent calls back for it
     // only before that (a cancelled or freed request never calls back).
     let context = Unmanaged.passUnretained(exchange).toOpaque()
     guard let raw = evhttp_request_new(keepAliveRequestDone, context) else {
-      completion(.failure(UpstreamError(.transport, "evhttp_request_new failed")))
+      finish(exchange, .failure(UpstreamError(.transport, "evhttp_request_new failed")))
       return
     }
     evhttp_request_set_error_cb(raw, keepAliveRequestError)
@@ -239,17 +248,31 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     guard added == 0 else {
       evhttp_request_free(raw)
       // OutgoingRequest.check ran first, so this is libevent's own refusal (or memory).
-      completion(.failure(UpstreamError(.unsafeRequest, "\(request.label) request refused by the HTTP client")))
+      finish(exchange, .failure(UpstreamError(.unsafeRequest, "\(request.label) request refused by the HTTP client")))
       return
     }
     exchange.raw = raw
-    current = exchange
+    exchange.errorCode = nil
+    // A socket already open is a connection kept from an earlier exchange (evhttp closes it and forgets the
+    // descriptor when the server closes an idle one, or after a failure).
+    exchange.onKeptSocket = evhttp_connection_get_bufferevent(connection).map { bufferevent_getfd($0) >= 0 } ?? false
     requestsSent += 1
-    armDeadline(for: exchange)
     // On -1 the request is freed and its callback may have run already: `current` tells.
-    if evhttp_make_request(connection, raw, method, String(target.path)) != 0, current === exchange {
+    if evhttp_make_request(connection, raw, exchange.method, String(target.path)) != 0, current === exchange {
       finish(exchange, .failure(UpstreamError(.transport, "cannot send the request to \(target.host):\(target.port)")))
     }
+  }
+
+  /// Sends `exchange` once more when the server closed a kept connection under it before any answer: the race every
+  /// keep-alive client meets when a server drops an idle connection just as a request goes out (a keep-alive
+  /// timeout, a restart). libcurl retries this case once on a fresh connection too, so either client polls the same
+  /// way. Only once, and only from a kept socket: a fresh connection that closes is the server's answer. False when
+  /// the failure stands.
+  fileprivate func retryOnFreshConnection(_ exchange: KeepAliveExchange) -> Bool {
+    guard current === exchange, exchange.onKeptSocket, !exchange.retried, let connection else { return false }
+    exchange.retried = true
+    issue(exchange, on: connection)
+    return true
   }
 
   private static let userAgent = "pollcast/\(PollcastVersion.current)"
@@ -320,6 +343,8 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
 /// One request on a kept connection and what came back; held by the connection while in flight.
 private final class KeepAliveExchange {
   let request: UpstreamRequest
+  let target: KeepAliveConnection.Target
+  let method: evhttp_cmd_type
   let maxBody: Int
   let started = MonotonicClock.seconds()
   var completion: ((Result<UpstreamResponse, UpstreamError>) -> Void)?
@@ -327,12 +352,18 @@ private final class KeepAliveExchange {
   var raw: OpaquePointer?
   var errorCode: evhttp_request_error?
   var checkingConnect = false
+  /// Sent on a socket kept from an earlier exchange (not one opened for it).
+  var onKeptSocket = false
+  /// Sent a second time after the kept socket closed under it.
+  var retried = false
 
   init(
-    request: UpstreamRequest, maxBody: Int, completion: @escaping (Result<UpstreamResponse, UpstreamError>) -> Void,
-    owner: KeepAliveConnection
+    request: UpstreamRequest, target: KeepAliveConnection.Target, method: evhttp_cmd_type, maxBody: Int,
+    completion: @escaping (Result<UpstreamResponse, UpstreamError>) -> Void, owner: KeepAliveConnection
   ) {
     self.request = request
+    self.target = target
+    self.method = method
     self.maxBody = maxBody
     self.completion = completion
     self.owner = owner
@@ -430,6 +461,8 @@ private let keepAliveRequestDone: @convention(c) (OpaquePointer?, UnsafeMutableR
   guard let owner = exchange.owner else { return }
   // libevent frees the request after this returns (or has freed it already, for a failure).
   exchange.raw = nil
+  // Closed before any answer on a kept socket: once more on a fresh one (libevent has reset the connection).
+  if raw == nil, exchange.errorCode == EVREQ_HTTP_EOF, owner.retryOnFreshConnection(exchange) { return }
   owner.finish(exchange, exchange.outcome(raw))
 }
 

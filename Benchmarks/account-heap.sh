@@ -17,6 +17,7 @@ until grep -q listening "$work/fixture.out" 2>/dev/null; do sleep 0.05; done
 fixture=$(head -1 "$work/fixture.out" | sed 's/listening on //')
 heaptrack -o "$work/relay" "$bin/pollcast" --listen 127.0.0.1:0 --upstream-url "http://$fixture" \
   --upstream-poll-timeout-seconds 25 --auth-mode upstream --log-level warning >"$work/relay.out" 2>"$work/relay.err" &
+tracker=$!
 until grep -q "listening on" "$work/relay.out" 2>/dev/null; do sleep 0.1; done
 relay=$(grep "listening on" "$work/relay.out" | head -1 | sed 's/.*listening on //')
 pid=$(pgrep -f "^$bin/pollcast --listen" | head -1)
@@ -26,7 +27,8 @@ started=$(date +%s.%N)
   --relay-pid "$pid" --label heap | grep -E "deliveries|lost" || true
 at_ms=$(python3 -c "import time; print(int((time.time() - $started) * 1000) - 500)")
 kill -INT "$pid"
-wait "$pid" 2>/dev/null || true
+# The relay is heaptrack's child, not this shell's: heaptrack writes its recording after the relay exits.
+wait "$tracker" 2>/dev/null || true
 recording=$(ls "$work"/relay*.zst)
 echo "accounts: $accounts (one subscriber each); live heap near the end of the run, by owner:"
 python3 Benchmarks/heap_live.py "$recording" "$at_ms" curl_multi_socket_action curl_easy_init StackAllocator \

@@ -12,6 +12,8 @@
 # ADAPTER=generic polls the fixture's single-stream /api/feed with each subscriber's key as a Bearer header (the
 # generic adapter, a built-in recipe since issue 22) instead of the chat API's session/poll.
 # STORE=sqlite keeps every account's ring, ids and cursors in a fresh SQLite file per run.
+# UPSTREAM_HOST=localhost has the relay address the fixture by that name instead of 127.0.0.1 (as a relay in a
+# container names its API: http://legacy:8081); the name must resolve to 127.0.0.1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
@@ -54,10 +56,12 @@ for run in $(seq 1 "$runs"); do
   fixture_pid=$!
   until grep -q listening "$work/fixture.out" 2>/dev/null; do sleep 0.05; done
   fixture=$(head -1 "$work/fixture.out" | sed 's/listening on //')
+  api=$fixture
+  if [ -n "${UPSTREAM_HOST:-}" ]; then api="$UPSTREAM_HOST:${fixture##*:}"; fi
   rm -f "$work"/store.db*
-  upstream=(--upstream-url "http://$fixture" --upstream-poll-timeout-seconds "$hold")
+  upstream=(--upstream-url "http://$api" --upstream-poll-timeout-seconds "$hold")
   if [ "$adapter" = generic ]; then
-    upstream=(--upstream-adapter generic --generic-url-template "http://$fixture/api/feed?after={cursor}&timeout=$hold"
+    upstream=(--upstream-adapter generic --generic-url-template "http://$api/api/feed?after={cursor}&timeout=$hold"
       --generic-events-pointer /data/items --generic-id-pointer /seq --generic-headers "Authorization: Bearer {credential}")
   fi
   taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 "${upstream[@]}" --auth-mode upstream \

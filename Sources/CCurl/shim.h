@@ -31,6 +31,9 @@ static inline CURLcode pollcast_easy_getinfo_long(CURL *handle, CURLINFO info, l
 static inline CURLcode pollcast_easy_getinfo_pointer(CURL *handle, CURLINFO info, void **value) {
   return curl_easy_getinfo(handle, info, value);
 }
+static inline CURLcode pollcast_easy_getinfo_string(CURL *handle, CURLINFO info, char **value) {
+  return curl_easy_getinfo(handle, info, value);
+}
 static inline CURLcode pollcast_easy_getinfo_double(CURL *handle, CURLINFO info, double *value) {
   return curl_easy_getinfo(handle, info, value);
 }

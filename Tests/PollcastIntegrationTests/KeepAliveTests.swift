@@ -1,6 +1,7 @@
 import Foundation
-import PollcastCore
 import Testing
+
+@testable import PollcastCore
 
 /// An actor on the client's loop, from which `send` may be called.
 private actor KeptClientDriver {
@@ -23,6 +24,13 @@ private actor KeptClientDriver {
 
   func kept() -> Int { client.keptAliveRequests }
   func inFlight() -> Int { client.inFlight }
+  func learned() -> [String] { client.transport.learnedAddresses.map(\.address) }
+  func learn(_ address: String, for name: String, port: Int) {
+    client.transport.learnedAddresses = [
+      LearnedAddress(name: name, port: UInt16(port), address: address, at: MonotonicClock.seconds())
+    ]
+  }
+  func setAddressLifetime(_ seconds: Double) { client.transport.addressLifetime = seconds }
 }
 
 /// Plain-HTTP requests to an IP address go over one kept-alive connection per upstream client (libevent's HTTP
@@ -222,14 +230,78 @@ private actor KeptClientDriver {
     #expect(await driver.kept() == 3)
   }
 
-  @Test func namesTLSUserinfoAndOtherMethodsGoThroughLibcurl() async throws {
+  @Test func aNameIsPolledOverTheKeptConnectionAtTheAddressLibcurlReachedItAt() async throws {
+    // How a relay in a container addresses its API ("http://legacy:8081"): libcurl resolves the name (without
+    // blocking, every address tried), and the requests after it go over the kept connection to the address it
+    // reached, with the name still in Host.
     let server = try CapturingServer(status: 200, body: "{}")
     defer { server.stop() }
     let driver = try await driver()
     defer { driver.loop.stop() }
-    // "localhost" needs resolving: libcurl does it (and tries each address), the kept connection is not used.
+    for number in 0..<5 {
+      let response = try await driver.send(
+        UpstreamRequest(url: "http://localhost:\(server.port)/p?n=\(number)", label: "t")
+      ).get()
+      #expect(response.status == 200)
+    }
+    #expect(await driver.learned() == ["127.0.0.1"])
+    #expect(await driver.kept() == 4)
+    #expect(server.connections == 2, "libcurl's connection for the first request, then one kept")
+    #expect(server.received.map(\.line) == (0..<5).map { "GET /p?n=\($0) HTTP/1.1" })
+    #expect(
+      Set(server.received.compactMap { $0.headers.first { $0.name == "Host" }?.value }) == ["localhost:\(server.port)"])
+    // An address that takes no connection (the API moved, as a restarted container does): nothing was sent there,
+    // so libcurl resolves the name again and sends the same request at once; the next one is kept again.
+    await driver.learn("::1", for: "localhost", port: server.port)
+    let moved = try await driver.send(UpstreamRequest(url: "http://localhost:\(server.port)/moved", label: "t")).get()
+    #expect(moved.status == 200)
+    #expect(await driver.learned() == ["127.0.0.1"])
+    #expect(await driver.kept() == 5, "the try at the old address")
+    #expect(
+      try await driver.send(UpstreamRequest(url: "http://localhost:\(server.port)/again", label: "t")).get().status
+        == 200)
+    #expect(await driver.kept() == 6)
+    // An open kept connection goes on being used past the address's lifetime, as libcurl reuses its own.
+    await driver.setAddressLifetime(0)
+    #expect(
+      try await driver.send(UpstreamRequest(url: "http://localhost:\(server.port)/open", label: "t")).get().status
+        == 200)
+    #expect(await driver.kept() == 7)
+    #expect(
+      server.received.suffix(3).map(\.line) == ["GET /moved HTTP/1.1", "GET /again HTTP/1.1", "GET /open HTTP/1.1"])
+    #expect(await driver.inFlight() == 0)
+  }
+
+  @Test func aLearnedAddressServesNewConnectionsOnlyWhileFresh() async throws {
+    // A server that closes after every answer: each request needs a new connection. Past the address's lifetime a
+    // new connection goes through libcurl (which resolves the name again); an open kept connection would be used
+    // for as long as it stays open.
+    let server = try CapturingServer(rawRespond: { number, _ in
+      ("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}", true)
+    })
+    defer { server.stop() }
+    let driver = try await driver()
+    defer { driver.loop.stop() }
+    let request = UpstreamRequest(url: "http://localhost:\(server.port)/p", label: "t")
+    #expect(try await driver.send(request).get().status == 200)
+    #expect(try await driver.send(request).get().status == 200)
+    #expect(await driver.kept() == 1)
+    await driver.setAddressLifetime(0)
+    try await Task.sleep(for: .milliseconds(20))
+    #expect(try await driver.send(request).get().status == 200)
+    #expect(try await driver.send(request).get().status == 200)
+    #expect(await driver.kept() == 1, "every new connection after the lifetime went through libcurl")
+    #expect(server.received.count == 4)
+  }
+
+  @Test func tlsUserinfoAndOtherMethodsGoThroughLibcurl() async throws {
+    let server = try CapturingServer(status: 200, body: "{}")
+    defer { server.stop() }
+    let driver = try await driver()
+    defer { driver.loop.stop() }
     let named = try await driver.send(UpstreamRequest(url: "http://localhost:\(server.port)/a", label: "t")).get()
     #expect(named.status == 200)
+    #expect(await driver.kept() == 0, "a name is first reached through libcurl")
     let custom = try await driver.send(UpstreamRequest(method: "PROPFIND", url: "\(server.url)/b", label: "t")).get()
     #expect(custom.status == 200)
     let userinfo = try await driver.send(

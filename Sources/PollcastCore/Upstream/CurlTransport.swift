@@ -19,6 +19,16 @@ public final class CurlTransport: @unchecked Sendable {
   /// Easy handles whose transfer ended, reset and kept for the next request: a new handle per poll (its
   /// allocation, defaults and cleanup) was the largest libcurl item of a per-user relay's profile.
   private var idleHandles: [UnsafeMutableRawPointer] = []
+  /// Where this transport's transfers last reached the host names of plain-HTTP URLs (a few: a recipe may send its
+  /// session step and its polls to different hosts). Every client of the transport (every account of a per-user
+  /// relay) then connects its kept-alive connection there (`UpstreamClient`): a name is never resolved outside
+  /// libcurl, which resolves without blocking, tries every address and caches answers.
+  var learnedAddresses: [LearnedAddress] = []
+  static let learnedAddressLimit = 4
+  /// How long a learned address may be used for a new connection, as libcurl's own DNS cache keeps an answer
+  /// (`CURLOPT_DNS_CACHE_TIMEOUT`'s default). A connection already open is used for as long as it stays open, as
+  /// libcurl reuses its own; after this a new connection goes through libcurl, which resolves the name again.
+  var addressLifetime = 60.0
   /// How many ended handles are kept; past that they are cleaned up. A burst of completions refills it, and each
   /// kept handle holds no connection (those live in the multi's pool) and no request state (`curl_easy_reset`).
   static let idleHandleLimit = 8
@@ -263,6 +273,9 @@ private final class Transfer {
       pollcast_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, max(1, Int(request.connectTimeout * 1000))),
       "CURLOPT_CONNECTTIMEOUT_MS")
     try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1), "CURLOPT_TCP_KEEPALIVE")
+    if request.closesConnection {
+      try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_FORBID_REUSE, 1), "CURLOPT_FORBID_REUSE")
+    }
     if let receiveBufferBytes {
       try CurlCall.check(
         pollcast_easy_setopt_long(easy, CURLOPT_BUFFERSIZE, max(1024, receiveBufferBytes)), "CURLOPT_BUFFERSIZE")
@@ -332,9 +345,14 @@ private final class Transfer {
     } catch {
       return .failure(error)
     }
+    var peer: UnsafeMutablePointer<CChar>?
+    let peerAddress =
+      pollcast_easy_getinfo_string(easy, CURLINFO_PRIMARY_IP, &peer) == CURLE_OK
+      ? peer.map { String(cString: $0) } : nil
     return .success(
       UpstreamResponse(
-        status: status, body: body, duration: duration, headers: wantedHeaders.map(receivedHeaders) ?? []))
+        status: status, body: body, duration: duration, headers: wantedHeaders.map(receivedHeaders) ?? [],
+        peerAddress: peerAddress?.isEmpty == false ? peerAddress : nil))
   }
 
   /// The final answer's header fields (only `names`, or all when it is empty), read with libcurl's header API (no

@@ -2,13 +2,14 @@ import CLibevent
 import Foundation
 
 /// One upstream client's kept-alive HTTP/1.1 connection, through libevent's own HTTP client (`evhttp`), for the
-/// requests that need nothing libcurl adds: plain `http://` to an IP address, no proxy, no userinfo.
+/// requests that need nothing libcurl adds: plain `http://`, no proxy, no userinfo. A host name is connected to at
+/// the address libcurl last reached it at (`UpstreamClient` learns it); this client never resolves a name.
 ///
 /// Why: a per-user relay re-polls every account all the time, and libcurl's transfer model costs most of an idle
 /// cycle (issue 23, sixth step): a transfer made and freed per request, three `poll` calls checking that a kept
 /// connection is alive before reusing it, and the socket unwatched when a transfer ends and watched again when the
 /// next one starts. Here the connection stays open and watched between polls (evhttp watches it for a close), and a
-/// cycle is one `recv` and one `send` on the socket. Everything else (TLS, host names, proxies, a second request
+/// cycle is one `recv` and one `send` on the socket. Everything else (TLS, resolving names, proxies, a second request
 /// while one is in flight) still goes through libcurl: `UpstreamClient.send` picks per request.
 ///
 /// Loop-confined: made, used and freed on the loop thread.
@@ -25,6 +26,9 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   private var deadline: LoopTimer?
   /// Requests sent on this connection (one per exchange); for tests and the bench.
   private(set) var requestsSent = 0
+  /// The last exchange failed without ever reaching the server (refused, unreachable, no connection in time):
+  /// nothing was sent, so the request may go another way at once.
+  private(set) var lastFailedBeforeConnecting = false
 
   /// True when the relay was told to use libcurl for every request (`POLLCAST_UPSTREAM_CLIENT=curl`), or when a
   /// proxy is configured in the environment (libcurl honours it; this client does not).
@@ -58,8 +62,13 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
 
   /// Where a request goes, parsed from its URL.
   struct Target: Equatable {
+    /// The address connected to: the URL's IP address, or for a name (`named`) the address it was reached at.
     var host: String
     var port: UInt16
+    /// The URL's host name, when it names one (`host` holds it too until `UpstreamClient` puts the address libcurl
+    /// reached it at in its place); nil for an IP address.
+    var name: String?
+    var named: Bool { name != nil }
     /// The URL's authority, sent as `Host`.
     var authority: Substring
     /// Path and query (the request target).
@@ -89,6 +98,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     guard !authorityBytes.isEmpty, !authorityBytes.contains(UInt8(ascii: "@")) else { return nil }
     var hostRange: Range<String.Index>
     var portStart: String.Index? = nil
+    var named = false
     if authorityBytes.first == UInt8(ascii: "[") {
       guard let close = authorityBytes.firstIndex(of: UInt8(ascii: "]")) else { return nil }
       hostRange = bytes.index(after: restStart)..<close
@@ -105,8 +115,11 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
       } else {
         hostRange = restStart..<authorityEnd
       }
-      // Names need resolving (libevent would block the loop, or try one address only): libcurl does that.
-      guard isAddress(url[hostRange], family: AF_INET) else { return nil }
+      // A name is resolved by libcurl, never here (libevent would block the loop, or try one address only).
+      if !isAddress(url[hostRange], family: AF_INET) {
+        guard isHostName(url[hostRange]) else { return nil }
+        named = true
+      }
     }
     var port: UInt16 = 80
     if let portStart, portStart != authorityEnd {
@@ -122,8 +135,39 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     // "http://host?x" asks for "/?x"; a target must start with "/".
     guard path.utf8.first == UInt8(ascii: "/") || path.isEmpty else { return nil }
     return Target(
-      host: String(url[hostRange]), port: port, authority: url[restStart..<authorityEnd],
+      host: String(url[hostRange]), port: port, name: named ? String(url[hostRange]) : nil,
+      authority: url[restStart..<authorityEnd],
       path: path.isEmpty ? "/" : path)
+  }
+
+  /// A DNS name as libcurl would resolve it (letters, digits, `-`, `_`, dots; not all digits and dots, which is a
+  /// malformed address that libcurl refuses itself).
+  private static func isHostName(_ text: Substring) -> Bool {
+    let bytes = text.utf8
+    guard !bytes.isEmpty, bytes.count <= 253 else { return false }
+    var sawLetter = false
+    for byte in bytes {
+      switch byte {
+      case 0x30...0x39, UInt8(ascii: "."): continue
+      case 0x41...0x5A, 0x61...0x7A, UInt8(ascii: "-"), UInt8(ascii: "_"): sawLetter = true
+      default: return false
+      }
+    }
+    return sawLetter
+  }
+
+  /// True when `address` is an IPv4 or IPv6 address in text (what libcurl reports it reached a name at).
+  static func isAddress(_ address: String) -> Bool {
+    let text = Substring(address)
+    return isAddress(text, family: AF_INET) || isAddress(text, family: AF_INET6)
+  }
+
+  /// True when the connection holds an open socket to `target`'s address (kept from an earlier exchange).
+  func holdsOpenSocket(to target: Target) -> Bool {
+    guard connectedTarget == target, let connection, let event = evhttp_connection_get_bufferevent(connection) else {
+      return false
+    }
+    return bufferevent_getfd(event) >= 0
   }
 
   private static func isAddress(_ text: Substring, family: Int32) -> Bool {
@@ -144,9 +188,19 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     }
   }
 
-  /// Runs `request` (already checked by `OutgoingRequest.check`) to `target` on the kept connection. Cancelling the
-  /// calling task cancels the request. Must be called on the loop, with no request in flight (`busy` false).
-  func perform(_ request: UpstreamRequest, to target: Target, isolation: isolated (any Actor)? = #isolation)
+  /// Where the next `perform` sends its request (set by `stage`).
+  private var staged: Target?
+  /// The host name the last request went to (at a learned address), nil for an IP address.
+  private(set) var lastTargetName: String?
+
+  /// Sets where the next `perform` goes. Kept here rather than passed, so that the caller's async frame, which an
+  /// account keeps while its poll hangs, does not hold it.
+  func stage(_ target: Target) { staged = target }
+
+  /// Runs `request` (already checked by `OutgoingRequest.check`) to the target staged last (`stage`) on the kept
+  /// connection. Cancelling the calling task cancels the request. Must be called on the loop, with no request in
+  /// flight (`busy` false).
+  func perform(_ request: UpstreamRequest, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> UpstreamResponse
   {
     let pending = PendingExchange()
@@ -158,6 +212,11 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
             return
           }
           pending.continuation = continuation
+          guard let target = staged else {
+            continuation.resume(throwing: UpstreamError(.transport, "no target staged for the kept connection"))
+            return
+          }
+          staged = nil
           start(request, to: target) { result in
             guard let continuation = pending.continuation else { return }
             pending.continuation = nil
@@ -184,6 +243,8 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   ) {
     loop.assertOnLoop()
     precondition(current == nil, "one request at a time on a kept-alive connection")
+    lastTargetName = target.name
+    lastFailedBeforeConnecting = false
     guard let method = Self.method(request.method) else {
       completion(.failure(UpstreamError(.transport, "method \(request.method) is not carried by the kept connection")))
       return
@@ -298,6 +359,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
         deadline?.schedule(after: max(0.001, left))
         return
       }
+      exchange.failedBeforeConnecting = true
       abort(exchange, UpstreamError(.timeout, "no connection within \(request.connectTimeout) s"))
       return
     }
@@ -336,6 +398,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     current = nil
     exchange.raw = nil
     deadline?.cancel()
+    lastFailedBeforeConnecting = exchange.failedBeforeConnecting
     exchange.complete(result)
   }
 }
@@ -356,6 +419,8 @@ private final class KeepAliveExchange {
   var onKeptSocket = false
   /// Sent a second time after the kept socket closed under it.
   var retried = false
+  /// Ended before a connection was made (refused, unreachable, the connect deadline passed): nothing was sent.
+  var failedBeforeConnecting = false
 
   init(
     request: UpstreamRequest, target: KeepAliveConnection.Target, method: evhttp_cmd_type, maxBody: Int,
@@ -399,6 +464,7 @@ private final class KeepAliveExchange {
     let status = Int(evhttp_request_get_response_code(raw))
     // A request called back without an answer: the connection could not be made (refused, unreachable).
     guard status > 0 else {
+      failedBeforeConnecting = true
       return .failure(UpstreamError(.transport, "request failed", cause: "cannot connect to the upstream"))
     }
     var body: [UInt8] = []

@@ -132,13 +132,20 @@ public func encodeQueryValue(_ value: String) -> String {
   return String(decoding: bytes, as: UTF8.self)
 }
 
+/// Where libcurl reached a host name, and when.
+struct LearnedAddress: Equatable {
+  var name: String
+  var port: UInt16
+  var address: String
+  var at: Double
+}
+
 /// The transport with its interceptor chain: what adapters call.
 public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like its transport
   public let transport: CurlTransport
   public let interceptors: [UpstreamInterceptor]
 
-  /// The kept-alive connection for plain-HTTP requests to an IP address (see `KeepAliveConnection`); made on first
-  /// use.
+  /// The kept-alive connection for plain-HTTP requests (see `KeepAliveConnection`); made on first use.
   private var keptConnection: KeepAliveConnection?
 
   public init(transport: CurlTransport, interceptors: [UpstreamInterceptor]) {
@@ -161,19 +168,88 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     do {
       // Last, after every interceptor added its headers: nothing reaches the wire unchecked.
       try OutgoingRequest.check(prepared)
-      if let target = KeepAliveConnection.target(for: prepared), keptConnection?.busy != true {
-        let connection =
-          keptConnection ?? KeepAliveConnection(loop: transport.loop, maxBodyBytes: transport.maxBodyBytes)
-        keptConnection = connection
-        outcome = .success(try await connection.perform(prepared, to: target))
+      // Two calls at most, so that this frame stays small: the kept connection's, then libcurl's when the kept
+      // connection does not carry the request or its learned address took no connection (`reroutes`).
+      var kept: UpstreamResponse? = nil
+      if let connection = keptRoute(&prepared) {
+        do {
+          kept = try await connection.perform(prepared)
+        } catch  where reroutes(error, on: connection) {
+          prepared.closesConnection = true
+        }
+      }
+      if let kept {
+        outcome = .success(kept)
       } else {
         outcome = .success(try await transport.perform(prepared, owner: ObjectIdentifier(self)))
+        learn(prepared, from: outcome)
       }
     } catch {
       outcome = .failure(error)
     }
     for interceptor in interceptors.reversed() { interceptor.completed(prepared, outcome: outcome) }
     return try outcome.get()
+  }
+
+  /// The kept connection, with `request`'s target staged on it, when it carries `request`; nil when libcurl does.
+  /// A request to a name not reached lately goes through libcurl, which then closes its connection: the kept
+  /// connection takes the next request, and libcurl's would stay open beside it, one idle socket per account.
+  /// Synchronous, like every step of `send` but its calls: an async frame holds every value of its body, and every
+  /// account keeps `send`'s frame while its poll hangs.
+  @inline(never)
+  private func keptRoute(_ request: inout UpstreamRequest) -> KeepAliveConnection? {
+    guard keptConnection?.busy != true, let parsed = KeepAliveConnection.target(for: request) else { return nil }
+    guard let target = addressed(parsed) else {
+      request.closesConnection = true
+      return nil
+    }
+    let connection = keptConnection ?? KeepAliveConnection(loop: transport.loop, maxBodyBytes: transport.maxBodyBytes)
+    keptConnection = connection
+    connection.stage(target)
+    return connection
+  }
+
+  /// True when a failure on the kept connection should go to libcurl at once: the request was to a name, its learned
+  /// address took no connection (the API moved, as a restarted container does) and nothing was sent. The address is
+  /// forgotten; libcurl resolves the name afresh.
+  @inline(never)
+  private func reroutes(_ error: UpstreamError, on connection: KeepAliveConnection) -> Bool {
+    guard error.kind != .cancelled, connection.lastTargetName != nil, connection.lastFailedBeforeConnecting else {
+      return false
+    }
+    if let name = connection.lastTargetName { transport.learnedAddresses.removeAll { $0.name == name } }
+    return true
+  }
+
+  /// `parsed` with the address to connect to: itself for an IP address; for a name, the address libcurl reached it
+  /// at, while a connection to it is open or the address is fresh; nil when libcurl must resolve the name.
+  private func addressed(_ parsed: KeepAliveConnection.Target) -> KeepAliveConnection.Target? {
+    guard parsed.named else { return parsed }
+    guard let learned = transport.learnedAddresses.first(where: { $0.name == parsed.name && $0.port == parsed.port })
+    else {
+      return nil
+    }
+    var target = parsed
+    target.host = learned.address
+    if MonotonicClock.seconds() - learned.at <= transport.addressLifetime { return target }
+    if keptConnection?.holdsOpenSocket(to: target) == true { return target }
+    return nil
+  }
+
+  /// Keeps the address libcurl reached `request`'s host name at, when the URL names one the kept connection could
+  /// carry (any answer proves the address, whatever its status).
+  @inline(never)
+  private func learn(_ request: UpstreamRequest, from outcome: Result<UpstreamResponse, UpstreamError>) {
+    guard case .success(let response) = outcome, let address = response.peerAddress,
+      let parsed = KeepAliveConnection.target(for: request), let name = parsed.name,
+      KeepAliveConnection.isAddress(address)
+    else { return }
+    transport.learnedAddresses.removeAll { $0.name == name && $0.port == parsed.port }
+    if transport.learnedAddresses.count >= CurlTransport.learnedAddressLimit {
+      transport.learnedAddresses.removeFirst()
+    }
+    transport.learnedAddresses.append(
+      LearnedAddress(name: name, port: parsed.port, address: address, at: MonotonicClock.seconds()))
   }
 
   /// Cancels this client's transfers (not those of other clients sharing the transport).

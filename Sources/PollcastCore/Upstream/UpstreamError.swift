@@ -73,6 +73,9 @@ public struct UpstreamRequest: Sendable {
   public var wantedHeaders: [String]?
   /// Values never shown in a log line about this request (a session token in a URL path).
   public var redact: [String] = []
+  /// libcurl closes the connection after this request instead of keeping it for reuse: set when the kept-alive
+  /// connection takes the next request (`UpstreamClient`), which would leave libcurl's idle, one per account.
+  var closesConnection = false
 
   public init(
     method: String = "GET", url: String, headers: [(String, String)] = [], body: [UInt8]? = nil, timeout: Double = 10,
@@ -97,12 +100,19 @@ public struct UpstreamResponse: Sendable {
   public var duration: Double
   /// The final answer's header fields in order (only when the request `wantsHeaders`).
   public var headers: [(name: String, value: String)]
+  /// The IP address the answer came from, when libcurl made the request (`CURLINFO_PRIMARY_IP`): how a name in the
+  /// URL is polled over the kept-alive connection afterwards (`UpstreamClient`).
+  public var peerAddress: String?
 
-  public init(status: Int, body: [UInt8], duration: Double, headers: [(name: String, value: String)] = []) {
+  public init(
+    status: Int, body: [UInt8], duration: Double, headers: [(name: String, value: String)] = [],
+    peerAddress: String? = nil
+  ) {
     self.status = status
     self.body = body
     self.duration = duration
     self.headers = headers
+    self.peerAddress = peerAddress
   }
 
   /// The value of the last header field named `name` (case-insensitive), if any.

@@ -24,13 +24,13 @@ private actor KeptClientDriver {
 
   func kept() -> Int { client.keptAliveRequests }
   func inFlight() -> Int { client.inFlight }
-  func learned() -> [String] { client.transport.learnedAddresses.map(\.address) }
+  func learned() -> [String] { client.transport.addresses.entries.map(\.address) }
   func learn(_ address: String, for name: String, port: Int) {
-    client.transport.learnedAddresses = [
+    client.transport.addresses.entries = [
       LearnedAddress(name: name, port: UInt16(port), address: address, at: MonotonicClock.seconds())
     ]
   }
-  func setAddressLifetime(_ seconds: Double) { client.transport.addressLifetime = seconds }
+  func setAddressLifetime(_ seconds: Double) { client.transport.addresses.lifetime = seconds }
 }
 
 /// Plain-HTTP requests to an IP address go over one kept-alive connection per upstream client (libevent's HTTP

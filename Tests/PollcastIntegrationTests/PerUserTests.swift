@@ -445,6 +445,36 @@ import Testing
     }
   }
 
+  /// An API named by its host (as a compose file names it: `http://legacy:8081`) is polled over each account's
+  /// kept-alive connection once libcurl has reached the name, not through a libcurl transfer per poll.
+  @Test func anAPINamedByItsHostIsPolledOverKeptAliveConnections() async throws {
+    try await AccountsHarness.start(accounts: 3, fixtureHost: "localhost").run { harness in
+      let users = ["1000", "1001", "1002"]
+      var clients: [String: TestSSEClient] = [:]
+      for user in users {
+        clients[user] = try harness.client("key-\(user)")
+        try clients[user]!.waitUntil("\(user) live", Self.isLive)
+      }
+      for round in 1...3 {
+        for user in users {
+          try await harness.waitForParkedPoll(user: user)
+          await harness.fixture.append(user: user, texts: ["\(user)-\(round)"])
+        }
+        for user in users {
+          try clients[user]!.waitUntil("\(user)'s round \(round)") { $0.relayedMessages.count >= round }
+        }
+      }
+      for user in users { #expect(Self.texts(clients[user]!) == (1...3).map { "\(user)-\($0)" }) }
+      let stats = await harness.hub.statistics()
+      // Each account's three answered polls and the polls after them went over its kept connection; libcurl made
+      // at most the first request of each account (the accounts share one transport, so usually only the first).
+      #expect(stats.requestsKeptAlive >= 12, "\(stats.requestsKeptAlive) kept")
+      #expect(stats.requestsThroughLibcurl <= 3, "\(stats.requestsThroughLibcurl) through libcurl")
+      let metrics = try httpGet(port: harness.port, "/metrics")
+      #expect(metrics.body.contains("pollcast_account_upstream_requests_total{client=\"kept_alive\"}"))
+    }
+  }
+
   @Test func evictedAccountsAreFreed() async throws {
     var settings = AccountsHarness.fastSettings(grace: 0.05)
     settings.maxActiveAccounts = 4

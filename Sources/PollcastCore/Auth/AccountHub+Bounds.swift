@@ -158,6 +158,7 @@ extension AccountHub {
     snapshot.feeds = tally.feeds
     snapshot.replication = tally.replication
     snapshot.leasesHeld = tally.leasesHeld
+    (snapshot.requestsKeptAlive, snapshot.requestsThroughLibcurl) = transports.requests
     return snapshot
   }
 

@@ -150,6 +150,9 @@ public actor AccountHub {
     /// accounts this node polls because it holds their lease.
     public var replication: FeedReplica.Statistics?
     public var leasesHeld: Int?
+    /// Upstream requests of every account's loop, over kept-alive connections and through libcurl.
+    public var requestsKeptAlive = 0
+    public var requestsThroughLibcurl = 0
     /// Every account's feed counted together (accounts evicted earlier included, so counters never go down;
     /// gauges such as subscribers and ring sizes cover kept accounts only).
     public var feeds = FeedStatistics()

@@ -152,6 +152,13 @@ public enum Metrics {
       one(
         "pollcast_account_max_polls_in_flight", "gauge", "Most polls one account had in flight at once (1).",
         accounts.maxPollsInFlightPerAccount)
+      metric(
+        "pollcast_account_upstream_requests_total", "counter",
+        "The accounts' upstream requests, by HTTP client: a kept-alive connection, or libcurl.",
+        [
+          ("{client=\"kept_alive\"}", String(accounts.requestsKeptAlive)),
+          ("{client=\"libcurl\"}", String(accounts.requestsThroughLibcurl)),
+        ])
       if let held = accounts.leasesHeld {
         one(
           "pollcast_account_leases_held", "gauge",
@@ -237,6 +244,13 @@ public enum Metrics {
       [("", String(upstream.pollSpacing))])
     one(
       "pollcast_upstream_requests_in_flight", "gauge", "Upstream HTTP requests in flight.", upstream.transportInFlight)
+    metric(
+      "pollcast_upstream_requests_total", "counter",
+      "Upstream requests, by HTTP client: the kept-alive connection, or libcurl (see the README).",
+      [
+        ("{client=\"kept_alive\"}", String(upstream.requestsKeptAlive)),
+        ("{client=\"libcurl\"}", String(upstream.requestsThroughLibcurl)),
+      ])
     one(
       "pollcast_upstream_sessions_started_total", "counter",
       "Upstream sessions established: the session steps and the cursor sync answered.", upstream.sessionsStarted)

@@ -19,16 +19,13 @@ public final class CurlTransport: @unchecked Sendable {
   /// Easy handles whose transfer ended, reset and kept for the next request: a new handle per poll (its
   /// allocation, defaults and cleanup) was the largest libcurl item of a per-user relay's profile.
   private var idleHandles: [UnsafeMutableRawPointer] = []
-  /// Where this transport's transfers last reached the host names of plain-HTTP URLs (a few: a recipe may send its
-  /// session step and its polls to different hosts). Every client of the transport (every account of a per-user
-  /// relay) then connects its kept-alive connection there (`UpstreamClient`): a name is never resolved outside
-  /// libcurl, which resolves without blocking, tries every address and caches answers.
-  var learnedAddresses: [LearnedAddress] = []
-  static let learnedAddressLimit = 4
-  /// How long a learned address may be used for a new connection, as libcurl's own DNS cache keeps an answer
-  /// (`CURLOPT_DNS_CACHE_TIMEOUT`'s default). A connection already open is used for as long as it stays open, as
-  /// libcurl reuses its own; after this a new connection goes through libcurl, which resolves the name again.
-  var addressLifetime = 60.0
+  /// Where transfers reached the host names of plain-HTTP URLs, for the kept-alive connections of this transport's
+  /// clients (`UpstreamClient`); one book shared by a pool's transports (`TransportPool`).
+  var addresses = AddressBook()
+  /// Requests sent by this transport's clients over a kept-alive connection (`UpstreamClient`), and transfers made
+  /// through libcurl: `pollcast_upstream_requests_total`, so an operator sees which client polls the API.
+  public internal(set) var requestsKeptAlive = 0
+  public private(set) var requestsThroughLibcurl = 0
   /// How many ended handles are kept; past that they are cleaned up. A burst of completions refills it, and each
   /// kept handle holds no connection (those live in the multi's pool) and no request state (`curl_easy_reset`).
   static let idleHandleLimit = 8
@@ -76,6 +73,7 @@ public final class CurlTransport: @unchecked Sendable {
     loop.assertOnLoop()
     let id = nextTransferID
     nextTransferID += 1
+    requestsThroughLibcurl += 1
     guard let easy = idleHandles.popLast() ?? curl_easy_init() else {
       completion(.failure(UpstreamError(.transport, "curl_easy_init failed")))
       return id

@@ -22,6 +22,10 @@ final class TransportPool: @unchecked Sendable {  // loop-confined
   /// Loops handed a transport so far; loop n gets transport (n / loopsPerTransport) mod count.
   private var handedOut = 0
   private var logLimiter = LogLimiter()
+  /// Where the pool's transfers reached the API's host names: one account's answer serves every account's kept
+  /// connection (each transport learning alone sent nearly every account's first request through libcurl, and left
+  /// each transport's idle handles behind).
+  private let addresses = AddressBook()
 
   /// Sized for `loops` loops (1 to 512 transports). The first transport is made now, so a libcurl that cannot
   /// start fails the relay's start, not a subscriber's check.
@@ -31,11 +35,14 @@ final class TransportPool: @unchecked Sendable {  // loop-confined
     self.maxBodyBytes = maxBodyBytes
     self.logger = logger
     transports = Array(repeating: nil, count: max(1, min(512, loops / TransportPool.loopsPerTransport)))
-    transports[0] = try Self.make(loop: loop, maxBodyBytes: maxBodyBytes)
+    transports[0] = try Self.make(loop: loop, maxBodyBytes: maxBodyBytes, addresses: addresses)
   }
 
-  private static func make(loop: EventLoop, maxBodyBytes: Int) throws(UpstreamError) -> CurlTransport {
+  private static func make(loop: EventLoop, maxBodyBytes: Int, addresses: AddressBook) throws(UpstreamError)
+    -> CurlTransport
+  {
     let transport = try CurlTransport(loop: loop)
+    transport.addresses = addresses
     transport.maxBodyBytes = maxBodyBytes
     // Every active account holds a handle in flight; its answers are one account's, small: 1 KiB, not 16.
     transport.receiveBufferBytes = TransportPool.receiveBufferBytes
@@ -44,13 +51,20 @@ final class TransportPool: @unchecked Sendable {  // loop-confined
 
   var count: Int { transports.count }
 
+  /// Requests the loops sent, over kept-alive connections and through libcurl (see `CurlTransport`).
+  var requests: (keptAlive: Int, libcurl: Int) {
+    transports.reduce((0, 0)) { sum, transport in
+      (sum.0 + (transport?.requestsKeptAlive ?? 0), sum.1 + (transport?.requestsThroughLibcurl ?? 0))
+    }
+  }
+
   /// The transport being filled (made on first use; the first one when another cannot be made).
   func transport() -> CurlTransport {
     let index = (handedOut / TransportPool.loopsPerTransport) % transports.count
     handedOut = (handedOut + 1) % (TransportPool.loopsPerTransport * transports.count)
     if let transport = transports[index] { return transport }
     do {
-      let made = try Self.make(loop: loop, maxBodyBytes: maxBodyBytes)
+      let made = try Self.make(loop: loop, maxBodyBytes: maxBodyBytes, addresses: addresses)
       transports[index] = made
       return made
     } catch {

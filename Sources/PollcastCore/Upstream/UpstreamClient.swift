@@ -140,6 +140,19 @@ struct LearnedAddress: Equatable {
   var at: Double
 }
 
+/// Where libcurl last reached the host names of plain-HTTP URLs (a few: a recipe may send its session step and its
+/// polls to different hosts). Kept-alive connections connect there (`UpstreamClient`): a name is never resolved
+/// outside libcurl, which resolves without blocking, tries every address and caches answers. Shared by the
+/// transports of a pool, so that one account's answer serves every account's next connection. Loop-confined.
+final class AddressBook: @unchecked Sendable {  // loop-confined
+  static let limit = 4
+  var entries: [LearnedAddress] = []
+  /// How long a learned address may be used for a new connection, as libcurl's own DNS cache keeps an answer
+  /// (`CURLOPT_DNS_CACHE_TIMEOUT`'s default). A connection already open is used for as long as it stays open, as
+  /// libcurl reuses its own; after this a new connection goes through libcurl, which resolves the name again.
+  var lifetime = 60.0
+}
+
 /// The transport with its interceptor chain: what adapters call.
 public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like its transport
   public let transport: CurlTransport
@@ -172,6 +185,7 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
       // connection does not carry the request or its learned address took no connection (`reroutes`).
       var kept: UpstreamResponse? = nil
       if let connection = keptRoute(&prepared) {
+        transport.requestsKeptAlive += 1
         do {
           kept = try await connection.perform(prepared)
         } catch  where reroutes(error, on: connection) {
@@ -217,7 +231,7 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     guard error.kind != .cancelled, connection.lastTargetName != nil, connection.lastFailedBeforeConnecting else {
       return false
     }
-    if let name = connection.lastTargetName { transport.learnedAddresses.removeAll { $0.name == name } }
+    if let name = connection.lastTargetName { transport.addresses.entries.removeAll { $0.name == name } }
     return true
   }
 
@@ -225,13 +239,13 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   /// at, while a connection to it is open or the address is fresh; nil when libcurl must resolve the name.
   private func addressed(_ parsed: KeepAliveConnection.Target) -> KeepAliveConnection.Target? {
     guard parsed.named else { return parsed }
-    guard let learned = transport.learnedAddresses.first(where: { $0.name == parsed.name && $0.port == parsed.port })
+    guard let learned = transport.addresses.entries.first(where: { $0.name == parsed.name && $0.port == parsed.port })
     else {
       return nil
     }
     var target = parsed
     target.host = learned.address
-    if MonotonicClock.seconds() - learned.at <= transport.addressLifetime { return target }
+    if MonotonicClock.seconds() - learned.at <= transport.addresses.lifetime { return target }
     if keptConnection?.holdsOpenSocket(to: target) == true { return target }
     return nil
   }
@@ -244,11 +258,11 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
       let parsed = KeepAliveConnection.target(for: request), let name = parsed.name,
       KeepAliveConnection.isAddress(address)
     else { return }
-    transport.learnedAddresses.removeAll { $0.name == name && $0.port == parsed.port }
-    if transport.learnedAddresses.count >= CurlTransport.learnedAddressLimit {
-      transport.learnedAddresses.removeFirst()
+    transport.addresses.entries.removeAll { $0.name == name && $0.port == parsed.port }
+    if transport.addresses.entries.count >= AddressBook.limit {
+      transport.addresses.entries.removeFirst()
     }
-    transport.learnedAddresses.append(
+    transport.addresses.entries.append(
       LearnedAddress(name: name, port: parsed.port, address: address, at: MonotonicClock.seconds()))
   }
 

@@ -29,6 +29,9 @@ public struct UpstreamStatistics: Sendable {
   public var apiCursors: [String: String] = [:]
   public var hasSession = false
   public var transportInFlight = 0
+  /// Requests over the kept-alive connection and through libcurl (the transport's, since start).
+  public var requestsKeptAlive = 0
+  public var requestsThroughLibcurl = 0
 }
 
 /// A Prometheus-style histogram with fixed upper bounds.

@@ -81,6 +81,8 @@ extension UpstreamWorker {
     copy.apiCursors = book.tokens.mapValues { adapter.shownCursor($0) }
     copy.hasSession = adapter.hasSession
     copy.transportInFlight = client.inFlight
+    copy.requestsKeptAlive = client.transport.requestsKeptAlive
+    copy.requestsThroughLibcurl = client.transport.requestsThroughLibcurl
     return copy
   }
 

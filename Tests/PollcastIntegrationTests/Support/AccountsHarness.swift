@@ -12,7 +12,8 @@ struct AccountsHarness: StoppableHarness {
 
   static func start(
     accounts: Int = 4, hub settings: AccountHub.Settings = fastSettings(), admission: Admission.Limits = .init(),
-    generic: GenericAdapter.Settings? = nil, fixtureURL: String? = nil, charset: CredentialCharset = .b64token,
+    generic: GenericAdapter.Settings? = nil, fixtureURL: String? = nil, fixtureHost: String? = nil,
+    charset: CredentialCharset = .b64token,
     logger: Logger = Logger(
       label: "test", level: .critical), fixtureOptions: (inout LegacyFixture.Options) -> Void = { _ in }
   ) async throws -> AccountsHarness {
@@ -20,7 +21,9 @@ struct AccountsHarness: StoppableHarness {
     options.accounts = accounts
     fixtureOptions(&options)
     let fixture = try await LegacyFixture.start(options)
-    let base = fixtureURL ?? "http://\(fixture.address)"
+    // `fixtureHost`: the fixture by a name (it listens on 127.0.0.1), as a relay in a container names its API.
+    let named = fixtureHost.map { "http://\($0):\(fixture.address.split(separator: ":").last ?? "")" }
+    let base = fixtureURL ?? named ?? "http://\(fixture.address)"
     var worker = UpstreamWorker.Settings()
     worker.backoff = Backoff(base: 0.05, cap: 0.2)
     worker.minPollInterval = 0.25

@@ -38,6 +38,13 @@ summary=$(python3 docker/sse-reader.py http://127.0.0.1:8080/events 5)
 count=$(python3 -c 'import json,sys; print(len(json.loads(sys.argv[1])["messages"]))' "$summary")
 [ "$count" -ge 1 ] || fail "the default stack streamed nothing in 5 s"
 echo "compose check: default stack streams on 8080 ($count events in 5 s)"
+# The relay names its API (http://legacy:8081, resolved by Docker's DNS): after libcurl's first request, its polls go
+# over the kept-alive connection to the address libcurl reached.
+metrics=$(curl -fsS http://127.0.0.1:8080/metrics) || fail "no /metrics from the default stack's relay"
+kept=$(sed -n 's/^pollcast_upstream_requests_total{client="kept_alive"} //p' <<<"$metrics")
+through=$(sed -n 's/^pollcast_upstream_requests_total{client="libcurl"} //p' <<<"$metrics")
+[ "${kept:-0}" -ge 1 ] || fail "the relay never polled legacy:8081 over a kept-alive connection (libcurl: ${through:-?})"
+echo "compose check: legacy:8081 polled over a kept-alive connection ($kept requests; $through through libcurl)"
 dc down -v >/dev/null 2>&1
 
 # The cluster: relay-3 is down when nginx starts.

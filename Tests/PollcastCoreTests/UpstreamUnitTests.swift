@@ -357,8 +357,19 @@ import Testing
     #expect(target("http://1.2.3.4é/p") == nil)
   }
 
+  @Test func aNamedHostIsATargetWhoseAddressLibcurlFindsFirst() throws {
+    // The name stays in Host; `host` holds the name until UpstreamClient puts the address libcurl reached there.
+    let named = try #require(target("http://legacy:8081/poll?since=1"))
+    #expect(named.name == "legacy" && named.host == "legacy" && named.port == 8081)
+    #expect(named.authority == "legacy:8081" && named.path == "/poll?since=1")
+    let dotted = try #require(target("http://api.example/p"))
+    #expect(dotted.name == "api.example" && dotted.port == 80)
+    #expect(try #require(target("http://127.0.0.1/p")).name == nil)
+    #expect(try #require(target("http://[::1]/p")).name == nil)
+  }
+
   @Test(arguments: [
-    "https://127.0.0.1/p", "http://localhost:80/p", "http://api.example/p", "http://u:p@127.0.0.1/p",
+    "https://127.0.0.1/p", "http://u:p@127.0.0.1/p", "http://api example/p", "http://api$x.example/p",
     "http://127.0.0.1:0/p", "http://127.0.0.1:65536/p", "http://127.0.0.1:8x/p", "http://127.0.0.1?x=1",
     "http://[::1/p", "http://[::1]x/p", "http://999.1.1.1/p", "ftp://127.0.0.1/p", "http://", "http:///p",
   ])

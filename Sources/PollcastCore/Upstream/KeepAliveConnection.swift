@@ -134,8 +134,9 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     let path = url[authorityEnd..<pathEnd]
     // "http://host?x" asks for "/?x"; a target must start with "/".
     guard path.utf8.first == UInt8(ascii: "/") || path.isEmpty else { return nil }
+    let host = String(url[hostRange])
     return Target(
-      host: String(url[hostRange]), port: port, name: named ? String(url[hostRange]) : nil,
+      host: host, port: port, name: named ? host : nil,
       authority: url[restStart..<authorityEnd],
       path: path.isEmpty ? "/" : path)
   }

@@ -228,10 +228,10 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   /// forgotten; libcurl resolves the name afresh.
   @inline(never)
   private func reroutes(_ error: UpstreamError, on connection: KeepAliveConnection) -> Bool {
-    guard error.kind != .cancelled, connection.lastTargetName != nil, connection.lastFailedBeforeConnecting else {
+    guard error.kind != .cancelled, let name = connection.lastTargetName, connection.lastFailedBeforeConnecting else {
       return false
     }
-    if let name = connection.lastTargetName { transport.addresses.entries.removeAll { $0.name == name } }
+    transport.addresses.entries.removeAll { $0.name == name }
     return true
   }
 

@@ -324,12 +324,18 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// What a poll decided before it went out, kept until its answer is read. Only this and the request stay in the
   /// poll's async frame while the poll hangs (per-user relaying holds thousands): the answer is read in its own
   /// function.
-  struct PollPlan {
-    var request: UpstreamRequest
-    var scope: RecipeScope
-    var reset: UpstreamCursorReset?
-    var resetToken: String?
-    var cursor: UInt64
+  final class PollPlan {
+    let request: UpstreamRequest
+    let scope: RecipeScope
+    let reset: UpstreamCursorReset?
+    let resetToken: String?
+    let cursor: UInt64
+
+    init(
+      request: UpstreamRequest, scope: RecipeScope, reset: UpstreamCursorReset?, resetToken: String?, cursor: UInt64
+    ) {
+      (self.request, self.scope, self.reset, self.resetToken, self.cursor) = (request, scope, reset, resetToken, cursor)
+    }
   }
 
   public func poll(
@@ -379,26 +385,74 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     return PollPlan(request: request, scope: current, reset: reset, resetToken: resetToken, cursor: cursor)
   }
 
-  /// A poll's answer, read as the plan it went out with says.
+  /// A poll's answer, read as the plan it went out with says. Most answers are read in one synchronous step; an
+  /// answer decoded off the loop (a large body) or one that says to fetch takes an awaited path, in frames made
+  /// only then (every account's cycle task keeps the deepest chain of async frames it ever needed).
   @inline(never)
   private func read(
     _ response: UpstreamResponse, _ plan: PollPlan, _ client: UpstreamClient,
     isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
+    switch try readHere(response, plan) {
+    case .answer(let answer):
+      return answer
+    case .fetch(let after):
+      return try await fetchThenFinish(client, plan, after: after)
+    case .decodeApart:
+      return try await readApart(response, plan, client)
+    }
+  }
+
+  /// What `readHere` made of an answer.
+  private enum ReadHere {
+    case answer(UpstreamPollAnswer)
+    /// The answer says to fetch (with the poll delay it asked for, if any).
+    case fetch(after: Double?)
+    /// The body is decoded off the loop.
+    case decodeApart
+  }
+
+  @inline(never)
+  private func readHere(_ response: UpstreamResponse, _ plan: PollPlan) throws(UpstreamError) -> ReadHere {
+    guard RecipeAnswer.decodesHere(response) else { return .decodeApart }
+    let verdict = RecipeAnswer.decodeHere(response.body, interpreter(response, plan))
+    lastRule = verdict.rule
+    guard case .fetch = verdict.action else { return .answer(try finish(verdict.action, keys: verdict.keys, plan)) }
+    return .fetch(after: verdict.after)
+  }
+
+  /// The poll verdict's interpretation of `response`, for the scope `plan` sent.
+  private func interpreter(_ response: UpstreamResponse, _ plan: PollPlan)
+    -> @Sendable (RepairedText, RawJSON?) -> RecipeAnswer.PollVerdict
+  {
     let storage = self.storage
     let sent = plan.scope
-    let interpret: @Sendable (RepairedText, RawJSON?) -> RecipeAnswer.PollVerdict = { text, json in
+    return { text, json in
       RecipeAnswer.interpretPoll(
         status: response.status, headers: response.headers, text: text, json: json, recipe: storage.recipe,
         scope: sent)
     }
-    let verdict =
-      RecipeAnswer.decodesHere(response)
-      ? RecipeAnswer.decodeHere(response.body, interpret) : await RecipeAnswer.decode(response, interpret)
+  }
+
+  /// `read` for a body decoded off the loop.
+  @inline(never)
+  private func readApart(
+    _ response: UpstreamResponse, _ plan: PollPlan, _ client: UpstreamClient,
+    isolation: isolated (any Actor)? = #isolation
+  ) async throws(UpstreamError) -> UpstreamPollAnswer {
+    let verdict = await RecipeAnswer.decode(response, interpreter(response, plan))
     lastRule = verdict.rule
     guard case .fetch = verdict.action else { return try finish(verdict.action, keys: verdict.keys, plan) }
+    return try await fetchThenFinish(client, plan, after: verdict.after)
+  }
+
+  /// The fetch a poll's answer asked for, then what it means.
+  @inline(never)
+  private func fetchThenFinish(
+    _ client: UpstreamClient, _ plan: PollPlan, after: Double?, isolation: isolated (any Actor)? = #isolation
+  ) async throws(UpstreamError) -> UpstreamPollAnswer {
     var (action, keys) = try await fetchAll(client, from: plan.scope)
-    if case .answer(var answer) = action, let after = verdict.after {
+    if case .answer(var answer) = action, let after {
       answer.nextPollAfter = after
       action = .answer(answer)
     }

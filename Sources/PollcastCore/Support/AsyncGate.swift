@@ -11,6 +11,13 @@ final class AsyncGate {
     await withCheckedContinuation { waiters.append($0) }
   }
 
+  /// Takes the gate when it is open, without waiting; false when it is held.
+  func tryAcquire() -> Bool {
+    if held { return false }
+    held = true
+    return true
+  }
+
   /// Hands the gate to the first waiter, or opens it.
   func release() {
     if waiters.isEmpty {

@@ -175,34 +175,82 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     async throws(UpstreamError)
     -> UpstreamResponse
   {
+    // Every step but the calls is synchronous, and the exchange's values are in a class whose `let` the calls borrow:
+    // an async frame holds every value and temporary of its body (a copy of a `var` property among them), and
+    // every account keeps `send`'s frame while its poll hangs.
+    let exchange = begin(request)
+    if let connection = exchange.connection {
+      do {
+        exchange.outcome = .success(try await connection.perform(exchange.prepared))
+      } catch {
+        keptFailed(error, exchange, on: connection)
+      }
+    }
+    if exchange.outcome == nil { await throughLibcurl(exchange) }
+    return try end(exchange).get()
+  }
+
+  /// One request on its way: as the interceptors prepared it, how it is carried (by the kept connection; nil:
+  /// libcurl), and its outcome once known.
+  private final class Exchange {
+    let prepared: UpstreamRequest
+    init(_ prepared: UpstreamRequest) { self.prepared = prepared }
+    var connection: KeepAliveConnection?
+    var outcome: Result<UpstreamResponse, UpstreamError>?
+    /// libcurl closes its connection after this request (see `keptRoute` and `reroutes`).
+    var closesConnection = false
+  }
+
+  /// The interceptors' preparation, the last check (nothing reaches the wire unchecked) and the route: the kept
+  /// connection when it carries the request, else libcurl. A request the check refuses has its outcome already.
+  @inline(never)
+  private func begin(_ request: UpstreamRequest) -> Exchange {
     var prepared = request
     for interceptor in interceptors { interceptor.prepare(&prepared) }
-    let outcome: Result<UpstreamResponse, UpstreamError>
-    do {
-      // Last, after every interceptor added its headers: nothing reaches the wire unchecked.
+    let exchange = Exchange(prepared)
+    do throws(UpstreamError) {
       try OutgoingRequest.check(prepared)
-      // Two calls at most, so that this frame stays small: the kept connection's, then libcurl's when the kept
-      // connection does not carry the request or its learned address took no connection (`reroutes`).
-      var kept: UpstreamResponse? = nil
-      if let connection = keptRoute(&prepared) {
-        transport.requestsKeptAlive += 1
-        do {
-          kept = try await connection.perform(prepared)
-        } catch  where reroutes(error, on: connection) {
-          prepared.closesConnection = true
-        }
-      }
-      if let kept {
-        outcome = .success(kept)
-      } else {
-        outcome = .success(try await transport.perform(prepared, owner: ObjectIdentifier(self)))
-        learn(prepared, from: outcome)
-      }
     } catch {
-      outcome = .failure(error)
+      exchange.outcome = .failure(error)
+      return exchange
     }
-    for interceptor in interceptors.reversed() { interceptor.completed(prepared, outcome: outcome) }
-    return try outcome.get()
+    if let connection = keptRoute(prepared, exchange) {
+      transport.requestsKeptAlive += 1
+      exchange.connection = connection
+    }
+    return exchange
+  }
+
+  /// A failure on the kept connection is the outcome, unless `reroutes` sends the request to libcurl at once.
+  @inline(never)
+  private func keptFailed(_ error: UpstreamError, _ exchange: Exchange, on connection: KeepAliveConnection) {
+    if reroutes(error, on: connection) {
+      exchange.closesConnection = true
+    } else {
+      exchange.outcome = .failure(error)
+    }
+  }
+
+  /// The request through libcurl; an address it reached a name at is learned. In a function of its own, so that its
+  /// frame is made only when libcurl carries a request.
+  @inline(never)
+  private func throughLibcurl(_ exchange: Exchange, isolation: isolated (any Actor)? = #isolation) async {
+    var request = exchange.prepared
+    request.closesConnection = exchange.closesConnection
+    do {
+      exchange.outcome = .success(try await transport.perform(request, owner: ObjectIdentifier(self)))
+    } catch {
+      exchange.outcome = .failure(error)
+    }
+    learn(request, exchange)
+  }
+
+  /// Tells the interceptors how the exchange ended, last one first.
+  @inline(never)
+  private func end(_ exchange: Exchange) -> Result<UpstreamResponse, UpstreamError> {
+    let outcome = exchange.outcome ?? .failure(UpstreamError(.transport, "no outcome"))
+    for interceptor in interceptors.reversed() { interceptor.completed(exchange.prepared, outcome: outcome) }
+    return outcome
   }
 
   /// The kept connection, with `request`'s target staged on it, when it carries `request`; nil when libcurl does.
@@ -211,10 +259,10 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   /// Synchronous, like every step of `send` but its calls: an async frame holds every value of its body, and every
   /// account keeps `send`'s frame while its poll hangs.
   @inline(never)
-  private func keptRoute(_ request: inout UpstreamRequest) -> KeepAliveConnection? {
+  private func keptRoute(_ request: UpstreamRequest, _ exchange: Exchange) -> KeepAliveConnection? {
     guard keptConnection?.busy != true, let parsed = KeepAliveConnection.target(for: request) else { return nil }
     guard let target = addressed(parsed) else {
-      request.closesConnection = true
+      exchange.closesConnection = true
       return nil
     }
     let connection = keptConnection ?? KeepAliveConnection(loop: transport.loop, maxBodyBytes: transport.maxBodyBytes)
@@ -253,8 +301,8 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   /// Keeps the address libcurl reached `request`'s host name at, when the URL names one the kept connection could
   /// carry (any answer proves the address, whatever its status).
   @inline(never)
-  private func learn(_ request: UpstreamRequest, from outcome: Result<UpstreamResponse, UpstreamError>) {
-    guard case .success(let response) = outcome, let address = response.peerAddress,
+  private func learn(_ request: UpstreamRequest, _ exchange: Exchange) {
+    guard case .success(let response) = exchange.outcome, let address = response.peerAddress,
       let parsed = KeepAliveConnection.target(for: request), let name = parsed.name,
       KeepAliveConnection.isAddress(address)
     else { return }

@@ -182,16 +182,11 @@ public actor UpstreamWorker {
     while isCurrent(cycleGeneration) {
       do throws(UpstreamError) {
         if needsPreparation {
-          let hadSessionBefore = preparing()
-          let preparation = try await prepareApart()
-          guard isCurrent(cycleGeneration) else { return }
-          let notices = prepared(preparation, hadSessionBefore: hadSessionBefore)
-          // The streams and first cursors are stored before the first poll: a crash before any message arrives
-          // still polls on from here, so nothing the upstream receives meanwhile is skipped.
-          guard await store(notices, cycleGeneration) else { continue }
-          guard isCurrent(cycleGeneration) else { return }
-          needsPreparation = false
-          lastSync = MonotonicClock.seconds()
+          switch try await prepareCycle(cycleGeneration) {
+          case .stop: return
+          case .again: continue
+          case .ready: needsPreparation = false
+          }
         }
         let started = pollStarting()
         let answer: UpstreamPollAnswer
@@ -218,11 +213,7 @@ public actor UpstreamWorker {
         case .resync:
           needsPreparation = true
         case .wait(let delay):
-          do {
-            try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
-          } catch {
-            return
-          }
+          guard await pause(delay) else { return }
         case .space(let delay):
           guard await space(delay) else { return }
         }
@@ -234,15 +225,43 @@ public actor UpstreamWorker {
         case .again:
           needsPreparation = true
         case .wait(let delay):
-          do {
-            try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
-          } catch {
-            return  // cancelled: stop() or a restart
-          }
+          guard await pause(delay) else { return }  // cancelled: stop() or a restart
           // After a failure the session or the server may have changed: sync cursors again.
           needsPreparation = true
         }
       }
+    }
+  }
+
+  /// What `prepareCycle` found: the cycle polls on, prepares again (the store refused the notices) or stops.
+  private enum Prepared {
+    case ready, again, stop
+  }
+
+  /// The cycle's (re)start: the session step (in a task of its own, `prepareApart`), then the notices and first
+  /// cursors stored. Not inlined into `runCycle`, whose frame every account keeps while its poll hangs.
+  @inline(never)
+  private func prepareCycle(_ cycleGeneration: Int) async throws(UpstreamError) -> Prepared {
+    let hadSessionBefore = preparing()
+    let preparation = try await prepareApart()
+    guard isCurrent(cycleGeneration) else { return .stop }
+    let notices = prepared(preparation, hadSessionBefore: hadSessionBefore)
+    // The streams and first cursors are stored before the first poll: a crash before any message arrives still
+    // polls on from here, so nothing the upstream receives meanwhile is skipped.
+    guard await store(notices, cycleGeneration) else { return .again }
+    guard isCurrent(cycleGeneration) else { return .stop }
+    lastSync = MonotonicClock.seconds()
+    return .ready
+  }
+
+  /// Sleeps `delay` seconds; false when cancelled (stop() or a restart).
+  @inline(never)
+  private func pause(_ delay: Double) async -> Bool {
+    do {
+      try await Task.sleep(for: .milliseconds(Int(delay * 1000)))
+      return true
+    } catch {
+      return false
     }
   }
 
@@ -437,11 +456,59 @@ public actor UpstreamWorker {
   /// a slice is in the feed. Poison messages (no usable content) are skipped, but with an id they still move the
   /// cursor, so the upstream does not send them forever. Returns whether the upstream's ids went backwards, or nil
   /// when the store refused a slice (the cursors then stay where that slice started).
+  @inline(never)
   private func relay(_ answer: UpstreamPollAnswer, _ cycleGeneration: Int) async -> Bool? {
+    // Most answers are relayed in one synchronous step; the rest (a durable store, an answer of several slices,
+    // another relay under way) take the awaited path. Every account's cycle task keeps the deepest chain of async
+    // frames it ever needed, so the common path makes none.
+    if case .done(let wentBackwards) = relayAtOnce(answer, cycleGeneration) { return wentBackwards }
     // One relay at a time: a restarted cycle decides what is new only once the old cycle's commit moved the
     // cursors (with a durable store, a commit is awaited).
     await storeGate.acquire()
     defer { storeGate.release() }
+    return await relayInTurns(answer, cycleGeneration)
+  }
+
+  /// What `relayAtOnce` did: relayed the answer (with `relay`'s result), or left it to the awaited path.
+  private enum RelayedAtOnce {
+    case done(Bool?)
+    case notHere
+  }
+
+  /// `relayInTurns` in one synchronous step, when it would await nothing: a memory store (publishing is a plain
+  /// call), the answer's new messages in one slice, and no other relay holding the gate.
+  @inline(never)
+  private func relayAtOnce(_ answer: UpstreamPollAnswer, _ cycleGeneration: Int) -> RelayedAtOnce {
+    guard !feed.store.isDurable, storeGate.tryAcquire() else { return .notHere }
+    defer { storeGate.release() }
+    let plan = book.plan(answer)
+    let nextTokens = book.tokens(after: plan)
+    let atomic = nextTokens != book.tokens
+    let pending = plan.fresh
+    guard atomic || pending.count <= max(1, settings.publishSlice) else { return .notHere }
+    note(answer, plan)
+    let wentBackwards = plan.wentBackwards
+    if !pending.isEmpty {
+      let slice = pending[...]
+      publish(slice.map { envelope($0.message, stream: $0.stream) })
+      statistics.messagesRelayed += slice.count
+      book.stored(slice, window: plan.dedupeWindow)
+      if atomic { book.moved(tokens: nextTokens) }
+      guard isCurrent(cycleGeneration) else { return .done(wentBackwards) }
+    }
+    let next = book.settled(plan)
+    if next != cursors || nextTokens != book.tokens {
+      book.moved(to: next, after: plan)
+      book.moved(tokens: nextTokens)
+    }
+    updateLiveness()
+    return .done(wentBackwards)
+  }
+
+  /// What an answer says beside its new messages: rejected messages, unknown streams and rewinds (logged and
+  /// counted), cursor resets (announced), duplicates (counted). `plan` is `book.plan(answer)`.
+  @inline(never)
+  private func note(_ answer: UpstreamPollAnswer, _ plan: CursorBook.Plan) {
     for rejection in answer.rejected where !rejection.expected {
       statistics.rejectedMessages += 1
       var fields = ["reason": rejection.reason]
@@ -449,8 +516,6 @@ public actor UpstreamWorker {
       if let id = rejection.id { fields["upstream_id"] = String(id) }
       logger.limited(.error, "upstream message cannot be relayed: skipped", metadata: fields, limiter: &logLimiter)
     }
-    // Only the decisions are made in this turn (ids, no text): the envelopes are built slice by slice below.
-    let plan = book.plan(answer)
     book.forgetKeys(resetIn: plan)
     for stream in plan.unknownStreams {
       statistics.unknownStreams += 1
@@ -467,6 +532,14 @@ public actor UpstreamWorker {
     }
     announce(plan.resets, tokens: book.tokens(after: plan))
     statistics.duplicatesDropped += plan.duplicates
+  }
+
+  /// `relay` with the gate held: slice by slice across loop turns, each slice committed (awaited with a durable
+  /// store) before the cursors move.
+  private func relayInTurns(_ answer: UpstreamPollAnswer, _ cycleGeneration: Int) async -> Bool? {
+    // Only the decisions are made in this turn (ids, no text): the envelopes are built slice by slice below.
+    let plan = book.plan(answer)
+    note(answer, plan)
     let wentBackwards = plan.wentBackwards
     let pending = plan.fresh
     // An answer that moves an opaque cursor is stored in one commit with that cursor: stored in slices, a crash

@@ -135,7 +135,6 @@ public final class CurlTransport: @unchecked Sendable {
 
   /// Runs `request` and returns the response. Cancelling the calling task cancels the transfer.
   /// Must be called from an actor that runs on this transport's loop.
-  @inline(never)
   public func perform(
     _ request: UpstreamRequest, owner: ObjectIdentifier? = nil, isolation: isolated (any Actor)? = #isolation
   )

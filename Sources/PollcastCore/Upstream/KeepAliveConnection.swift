@@ -201,7 +201,6 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   /// Runs `request` (already checked by `OutgoingRequest.check`) to the target staged last (`stage`) on the kept
   /// connection. Cancelling the calling task cancels the request. Must be called on the loop, with no request in
   /// flight (`busy` false).
-  @inline(never)
   func perform(_ request: UpstreamRequest, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> UpstreamResponse
   {

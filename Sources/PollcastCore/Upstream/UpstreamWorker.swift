@@ -461,17 +461,27 @@ public actor UpstreamWorker {
     // Most answers are relayed in one synchronous step; the rest (a durable store, an answer of several slices,
     // another relay under way) take the awaited path. Every account's cycle task keeps the deepest chain of async
     // frames it ever needed, so the common path makes none.
-    if case .done(let wentBackwards) = relayAtOnce(answer, cycleGeneration) { return wentBackwards }
-    // One relay at a time: a restarted cycle decides what is new only once the old cycle's commit moved the
-    // cursors (with a durable store, a commit is awaited).
-    await storeGate.acquire()
-    defer { storeGate.release() }
-    return await relayInTurns(answer, cycleGeneration)
+    switch relayAtOnce(answer, cycleGeneration) {
+    case .done(let wentBackwards):
+      return wentBackwards
+    case .inTurns(let plan):
+      // `relayAtOnce` holds the gate and made the plan under it.
+      defer { storeGate.release() }
+      return await relayInTurns(answer, plan, cycleGeneration)
+    case .notHere:
+      // One relay at a time: a restarted cycle decides what is new only once the old cycle's commit moved the
+      // cursors (with a durable store, a commit is awaited).
+      await storeGate.acquire()
+      defer { storeGate.release() }
+      return await relayInTurns(answer, book.plan(answer), cycleGeneration)
+    }
   }
 
-  /// What `relayAtOnce` did: relayed the answer (with `relay`'s result), or left it to the awaited path.
+  /// What `relayAtOnce` did: relayed the answer (whether the upstream's ids went backwards), found it needs
+  /// several slices (the plan made, the gate still held), or left it to the awaited path (the gate not held).
   private enum RelayedAtOnce {
-    case done(Bool?)
+    case done(Bool)
+    case inTurns(CursorBook.Plan)
     case notHere
   }
 
@@ -480,29 +490,41 @@ public actor UpstreamWorker {
   @inline(never)
   private func relayAtOnce(_ answer: UpstreamPollAnswer, _ cycleGeneration: Int) -> RelayedAtOnce {
     guard !feed.store.isDurable, storeGate.tryAcquire() else { return .notHere }
-    defer { storeGate.release() }
     let plan = book.plan(answer)
     let nextTokens = book.tokens(after: plan)
     let atomic = nextTokens != book.tokens
     let pending = plan.fresh
-    guard atomic || pending.count <= max(1, settings.publishSlice) else { return .notHere }
+    guard atomic || pending.count <= max(1, settings.publishSlice) else { return .inTurns(plan) }
+    defer { storeGate.release() }
     note(answer, plan)
-    let wentBackwards = plan.wentBackwards
     if !pending.isEmpty {
       let slice = pending[...]
       publish(slice.map { envelope($0.message, stream: $0.stream) })
-      statistics.messagesRelayed += slice.count
-      book.stored(slice, window: plan.dedupeWindow)
-      if atomic { book.moved(tokens: nextTokens) }
-      guard isCurrent(cycleGeneration) else { return .done(wentBackwards) }
+      recorded(slice, plan, tokens: atomic ? nextTokens : nil)
+      guard isCurrent(cycleGeneration) else { return .done(plan.wentBackwards) }
     }
     let next = book.settled(plan)
-    if next != cursors || nextTokens != book.tokens {
-      book.moved(to: next, after: plan)
-      book.moved(tokens: nextTokens)
-    }
+    if next != cursors || nextTokens != book.tokens { settle(next, nextTokens, plan) }
     updateLiveness()
-    return .done(wentBackwards)
+    return .done(plan.wentBackwards)
+  }
+
+  /// A slice of `plan` is in the feed: counts it, and moves the cursors past it (and the opaque cursors to
+  /// `tokens`, when the answer moved them: it was stored whole).
+  private func recorded(
+    _ slice: ArraySlice<(stream: String, message: UpstreamMessage)>, _ plan: CursorBook.Plan,
+    tokens: [String: String]?
+  ) {
+    statistics.messagesRelayed += slice.count
+    book.stored(slice, window: plan.dedupeWindow)
+    if let tokens { book.moved(tokens: tokens) }
+  }
+
+  /// The answer is relayed: the cursors move where `plan` leaves them (past skipped messages, to rewinds and
+  /// resets), the opaque cursors to `tokens`.
+  private func settle(_ next: [String: UInt64], _ tokens: [String: String], _ plan: CursorBook.Plan) {
+    book.moved(to: next, after: plan)
+    book.moved(tokens: tokens)
   }
 
   /// What an answer says beside its new messages: rejected messages, unknown streams and rewinds (logged and
@@ -535,10 +557,11 @@ public actor UpstreamWorker {
   }
 
   /// `relay` with the gate held: slice by slice across loop turns, each slice committed (awaited with a durable
-  /// store) before the cursors move.
-  private func relayInTurns(_ answer: UpstreamPollAnswer, _ cycleGeneration: Int) async -> Bool? {
+  /// store) before the cursors move. `plan` is `book.plan(answer)`, made with the gate held.
+  private func relayInTurns(
+    _ answer: UpstreamPollAnswer, _ plan: CursorBook.Plan, _ cycleGeneration: Int
+  ) async -> Bool? {
     // Only the decisions are made in this turn (ids, no text): the envelopes are built slice by slice below.
-    let plan = book.plan(answer)
     note(answer, plan)
     let wentBackwards = plan.wentBackwards
     let pending = plan.fresh
@@ -559,18 +582,15 @@ public actor UpstreamWorker {
       guard await commit(events, cursors: book.cursors(after: slice), tokens: atomic ? nextTokens : book.tokens) else {
         return nil
       }
-      statistics.messagesRelayed += slice.count
       // Only now that the messages are in the feed do the cursors move.
-      book.stored(slice, window: plan.dedupeWindow)
-      if atomic { book.moved(tokens: nextTokens) }
+      recorded(slice, plan, tokens: atomic ? nextTokens : nil)
       start += slice.count
       guard isCurrent(cycleGeneration) else { return wentBackwards }
     }
     let next = book.settled(plan)
     if next != cursors || nextTokens != book.tokens {
       guard await commit([], cursors: next, tokens: nextTokens) else { return nil }
-      book.moved(to: next, after: plan)
-      book.moved(tokens: nextTokens)
+      settle(next, nextTokens, plan)
     }
     updateLiveness()
     return wentBackwards

@@ -204,37 +204,36 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   func perform(_ request: UpstreamRequest, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> UpstreamResponse
   {
-    let pending = PendingExchange()
-    do {
-      return try await withTaskCancellationHandler {
-        try await withCheckedThrowingContinuation(isolation: isolation) { continuation in
-          if Task.isCancelled {
-            continuation.resume(throwing: UpstreamError(.cancelled, "cancelled"))
-            return
-          }
-          pending.continuation = continuation
-          guard let target = staged else {
-            continuation.resume(throwing: UpstreamError(.transport, "no target staged for the kept connection"))
-            return
-          }
-          staged = nil
-          start(request, to: target) { result in
-            guard let continuation = pending.continuation else { return }
-            pending.continuation = nil
-            continuation.resume(with: result)
-          }
-        }
-      } onCancel: { [loop] in
-        loop.execute { [self] in
-          guard pending.continuation != nil else { return }
-          cancel()
-        }
+    // The request and its outcome travel in `pending`, and the continuation carries nothing: an account keeps this
+    // chain of frames while its poll hangs, and a generic result or error in it costs a slot in every frame (the
+    // chain then outgrew one 1 KB task-allocator slab by the runtime's small record for the suspension).
+    let pending = PendingExchange(request)
+    await withTaskCancellationHandler {
+      await withUnsafeContinuation(isolation: isolation) { continuation in begin(pending, continuation) }
+    } onCancel: { [loop] in
+      loop.execute { [self] in
+        guard pending.continuation != nil else { return }
+        cancel()
       }
-    } catch let error as UpstreamError {
-      throw error
-    } catch {
-      throw UpstreamError(.transport, "\(error)")
     }
+    return try (pending.outcome ?? .failure(UpstreamError(.cancelled, "cancelled"))).get()
+  }
+
+  /// `perform`'s synchronous start: `pending`'s request to the staged target, `continuation` resumed (its outcome
+  /// in `pending`) when it ends.
+  private func begin(_ pending: PendingExchange, _ continuation: UnsafeContinuation<Void, Never>) {
+    if Task.isCancelled {
+      pending.outcome = .failure(UpstreamError(.cancelled, "cancelled"))
+      continuation.resume()
+      return
+    }
+    pending.continuation = continuation
+    guard let target = staged else {
+      pending.settle(.failure(UpstreamError(.transport, "no target staged for the kept connection")))
+      return
+    }
+    staged = nil
+    start(pending.request, to: target) { result in pending.settle(result) }
   }
 
   /// Starts `request`; `completion` runs on the loop exactly once (with `.cancelled` when cancelled).
@@ -504,7 +503,20 @@ private final class KeepAliveExchange {
 
 /// Bridges an exchange to an async caller; touched on the loop only.
 private final class PendingExchange: @unchecked Sendable {
-  var continuation: CheckedContinuation<UpstreamResponse, Error>?
+  let request: UpstreamRequest
+  /// Set while the exchange runs; nil once it is settled.
+  var continuation: UnsafeContinuation<Void, Never>?
+  var outcome: Result<UpstreamResponse, UpstreamError>?
+
+  init(_ request: UpstreamRequest) { self.request = request }
+
+  /// Ends the exchange with `result` (once: later calls do nothing).
+  func settle(_ result: Result<UpstreamResponse, UpstreamError>) {
+    guard let continuation else { return }
+    self.continuation = nil
+    outcome = result
+    continuation.resume()
+  }
 }
 
 /// A C pointer handed to the loop to free there.

@@ -188,17 +188,10 @@ public actor UpstreamWorker {
           case .ready: needsPreparation = false
           }
         }
-        let started = pollStarting()
-        let answer: UpstreamPollAnswer
-        do throws(UpstreamError) {
-          answer = try await adapter.poll(client, cursors: cursors, tokens: book.tokens, isolation: self)
-        } catch {
-          if isCurrent(cycleGeneration) { statistics.pollsInFlight -= 1 }
-          throw error
-        }
+        pollStarting()
+        let answer = try await adapter.poll(client, cursors: cursors, tokens: book.tokens, isolation: self)
         guard isCurrent(cycleGeneration) else { return }
-        pollAnswered(answer, started: started)
-        let before = PositionBefore(cursors: cursors, tokens: book.tokens)
+        pollAnswered(answer)
         guard let wentBackwards = await relay(answer, cycleGeneration) else {
           // The store refused the batch: nothing of it was shown, the cursors did not move, and the next poll
           // (after a backoff) brings the same messages again.
@@ -207,7 +200,7 @@ public actor UpstreamWorker {
           continue
         }
         guard isCurrent(cycleGeneration) else { return }
-        switch next(after: answer, from: before, started: started, wentBackwards: wentBackwards) {
+        switch next(after: answer, wentBackwards: wentBackwards) {
         case .poll:
           break
         case .resync:
@@ -218,7 +211,9 @@ public actor UpstreamWorker {
           guard await space(delay) else { return }
         }
       } catch {
-        guard isCurrent(cycleGeneration), error.kind != .cancelled else { return }
+        guard isCurrent(cycleGeneration) else { return }
+        pollFailed()
+        guard error.kind != .cancelled else { return }
         switch failed(error) {
         case .stop:
           return
@@ -267,9 +262,13 @@ public actor UpstreamWorker {
 
   /// Where the cursors stood before an answer was relayed.
   private struct PositionBefore {
-    var cursors: [String: UInt64]
-    var tokens: [String: String]
+    var cursors: [String: UInt64] = [:]
+    var tokens: [String: String] = [:]
   }
+
+  /// Where the cursors stood before the last answer was relayed: kept here, not in `runCycle`'s frame, which every
+  /// account keeps while its poll hangs.
+  private var positionBefore = PositionBefore()
 
   /// What the cycle does after an answer: poll at once, sync first, wait (the API asked, or a backoff), or space
   /// its polls (the API does not hold them).
@@ -302,22 +301,28 @@ public actor UpstreamWorker {
     return apply(preparation)
   }
 
-  /// Counts a poll going out; returns when it started.
+  /// Counts a poll going out (`statistics.pollStarted` is when).
   @inline(never)
-  private func pollStarting() -> Double {
+  private func pollStarting() {
     statistics.pollsInFlight += 1
     assert(statistics.pollsInFlight == 1, "more than one poll in flight")
     statistics.maxPollsInFlight = max(statistics.maxPollsInFlight, statistics.pollsInFlight)
-    let started = MonotonicClock.seconds()
-    statistics.pollStarted = started
-    return started
+    statistics.pollStarted = MonotonicClock.seconds()
   }
 
-  /// Counts an answered poll; an answer clears the failure streak.
+  /// A failed call of the current cycle: a poll of it is no longer in flight (the session step counts none).
   @inline(never)
-  private func pollAnswered(_ answer: UpstreamPollAnswer, started: Double) {
+  private func pollFailed() {
+    if statistics.pollsInFlight > 0 { statistics.pollsInFlight -= 1 }
+  }
+
+  /// Counts an answered poll; an answer clears the failure streak. Notes where the cursors stood before it is
+  /// relayed (`next(after:wentBackwards:)` compares).
+  @inline(never)
+  private func pollAnswered(_ answer: UpstreamPollAnswer) {
+    positionBefore = PositionBefore(cursors: cursors, tokens: book.tokens)
     statistics.pollsInFlight -= 1
-    statistics.pollDurations.record(MonotonicClock.seconds() - started)
+    statistics.pollDurations.record(MonotonicClock.seconds() - (statistics.pollStarted ?? MonotonicClock.seconds()))
     statistics.lastPollCompleted = MonotonicClock.seconds()
     statistics.pollsByOutcome[answer.isEmpty ? "empty" : "messages", default: 0] += 1
     consecutiveUnauthorized = 0
@@ -328,9 +333,9 @@ public actor UpstreamWorker {
 
   /// Decides what follows a relayed answer.
   @inline(never)
-  private func next(after answer: UpstreamPollAnswer, from before: PositionBefore, started: Double, wentBackwards: Bool)
-    -> NextStep
-  {
+  private func next(after answer: UpstreamPollAnswer, wentBackwards: Bool) -> NextStep {
+    let before = positionBefore
+    let started = statistics.pollStarted ?? MonotonicClock.seconds()
     if let asked = answer.nextPollAfter, asked > 0 {
       // The API asked for a pause before the next poll (a recipe's `after`: Dropbox's `backoff`), within the
       // bound a server-given delay gets.

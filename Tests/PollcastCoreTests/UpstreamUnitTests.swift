@@ -368,6 +368,16 @@ import Testing
     #expect(try #require(target("http://[::1]/p")).name == nil)
   }
 
+  @Test func aNameLongerThanDNSAllowsIsLeftToLibcurlWhichRefusesIt() throws {
+    // 253 bytes is the longest name DNS carries (four 62-byte labels and a 1-byte one, dots between).
+    let longest = Array(repeating: String(repeating: "a", count: 62), count: 4).joined(separator: ".") + ".b"
+    #expect(longest.utf8.count == 253)
+    let carried = try #require(target("http://\(longest):8081/p"))
+    #expect(carried.name == longest && carried.port == 8081)
+    #expect(target("http://\(longest)c:8081/p") == nil)
+    #expect(target("http://\(String(repeating: "x", count: 10_000))/p") == nil)
+  }
+
   @Test(arguments: [
     "https://127.0.0.1/p", "http://u:p@127.0.0.1/p", "http://api example/p", "http://api$x.example/p",
     "http://127.0.0.1:0/p", "http://127.0.0.1:65536/p", "http://127.0.0.1:8x/p", "http://127.0.0.1?x=1",

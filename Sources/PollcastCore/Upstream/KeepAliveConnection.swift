@@ -89,7 +89,10 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     // valid for the string itself.
     let url = request.url
     let bytes = url.utf8
-    guard bytes.count > 7, bytes.prefix(7).lazy.map({ $0 | 0x20 }).elementsEqual("http://".utf8) else { return nil }
+    // The scheme's letters in any case; "://" exactly (`| 0x20` would also take 0x1A for ":" and 0x0F for "/").
+    guard bytes.count > 7, bytes.prefix(4).lazy.map({ $0 | 0x20 }).elementsEqual("http".utf8),
+      bytes.dropFirst(4).prefix(3).elementsEqual("://".utf8)
+    else { return nil }
     let restStart = bytes.index(bytes.startIndex, offsetBy: 7)
     let authorityEnd =
       bytes[restStart...].firstIndex { $0 == UInt8(ascii: "/") || $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }

@@ -22,12 +22,53 @@ public func pollcastFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> Int32 {
   case "store": FuzzChecks.store(bytes)
   case "redis": FuzzChecks.redis(bytes)
   case "recipe": FuzzChecks.recipe(bytes)
+  case "target": FuzzChecks.keptTarget(bytes)
   default: fatalError("unknown POLLCAST_FUZZ_TARGET \(target)")
   }
   return 0
 }
 
 enum FuzzChecks {
+  /// Any URL (any method from the first byte) is either left to libcurl or is a kept-alive target whose parts are
+  /// what the URL says: a port in 1...65535, a path that starts with "/" and has no fragment, an authority and a
+  /// host found in the URL, an IP address or a name DNS can carry (at most 253 bytes of letters, digits, `-`, `_`
+  /// and dots). The URL is scanned by byte offsets: never a crash, whatever the bytes.
+  static func keptTarget(_ bytes: [UInt8]) {
+    let methods = ["GET", "POST", "PUT", "DELETE", "HEAD", "PATCH"]
+    let method = methods[Int(bytes.first ?? 0) % methods.count]
+    let url = String(decoding: bytes.dropFirst(), as: UTF8.self)
+    let body: [UInt8]? = (bytes.first ?? 0) & 0x80 != 0 ? [1] : nil
+    guard
+      let target = KeepAliveConnection.target(for: UpstreamRequest(method: method, url: url, body: body, label: "f"))
+    else { return }
+    precondition(url.lowercased().hasPrefix("http://"), "a target from a URL that is not plain http")
+    precondition(target.port >= 1, "port 0")
+    // By bytes, as the request line is sent: "/" and a combining mark are one Character, not a "/" prefix.
+    func within(_ part: Substring, _ whole: Substring) -> Bool {
+      Array(whole.utf8).firstRange(of: Array(part.utf8)) != nil
+    }
+    precondition(
+      target.path.utf8.first == UInt8(ascii: "/") && !target.path.utf8.contains(UInt8(ascii: "#")),
+      "a path that is not a request target")
+    precondition(
+      within(target.authority, Substring(url)) && !target.authority.utf8.contains(UInt8(ascii: "@")),
+      "an authority not in the URL")
+    precondition(
+      !target.host.isEmpty && within(Substring(target.host), target.authority), "a host not in the authority")
+    if let name = target.name {
+      precondition(name == target.host && name.utf8.count <= 253, "a name longer than DNS carries")
+      precondition(
+        name.utf8.allSatisfy {
+          $0 == 0x2D || $0 == 0x2E || $0 == 0x5F || (0x30...0x39).contains($0) || (0x41...0x5A).contains($0)
+            || (0x61...0x7A).contains($0)
+        },
+        "a name with a byte DNS does not carry")
+    } else {
+      precondition(KeepAliveConnection.isAddress(target.host), "neither a name nor an address")
+    }
+    if body != nil { precondition(method == "POST" || method == "PUT", "a body on a method that does not carry one") }
+  }
+
   /// A recipe (before the first NUL byte) and a value and an answer body (after it). Any recipe either parses or
   /// fails with problems each named by its path; a parsed one's poll, built with the value in every placeholder
   /// (session values, the credential, the environment, an opaque cursor), either is refused or passes the one

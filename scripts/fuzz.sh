@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(rawjson sse resume query pointer template config cursor jwt credential store redis recipe)
+[ ${#targets[@]} -gt 0 ] || targets=(rawjson sse resume query pointer template config cursor jwt credential store redis recipe target)
 out=.build/fuzz
 mkdir -p "$out"
 binary="$out/pollcast-fuzz"

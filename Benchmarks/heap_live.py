@@ -2,12 +2,17 @@
 """Live heap of a heaptrack recording at one moment, grouped by the first matching frame.
 
 Usage: Benchmarks/heap_live.py RECORDING.zst AT_MS [FRAME ...]
+       Benchmarks/heap_live.py --slabs RECORDING.zst AT_MS
 
 Replays heaptrack's own event stream (allocations, frees, traces; `zstd -dc`) up to AT_MS, then prints the bytes
 still allocated, grouped by the first of FRAME (substrings of function names) found in each allocation's stack,
 with the largest allocation sizes of each group ("4097B×2000": 2,000 live allocations of 4,097 bytes). Divide by
 the number of accounts for a per-account figure. heaptrack's own peak report shows the connect storm; this shows
 the steady state.
+
+With --slabs, only Swift task-allocator slabs (each task keeps the slabs of the deepest chain of async frames it
+ever needed), grouped by what opened each slab: the async function whose callee's frame did not fit in the slab
+before, or the runtime's own record (`pushInitialTaskExecutorPreference`, `swift_continuation_await`).
 """
 import collections
 import subprocess
@@ -15,8 +20,10 @@ import sys
 
 
 def main():
-    path, at_ms = sys.argv[1], float(sys.argv[2])
-    keys = sys.argv[3:]
+    slabs = sys.argv[1] == "--slabs"
+    args = sys.argv[2:] if slabs else sys.argv[1:]
+    path, at_ms = args[0], float(args[1])
+    keys = args[2:]
     strings, ips, traces, allocs = [None], [None], [None], []
     live = collections.Counter()
     proc = subprocess.Popen(["zstd", "-dc", path], stdout=subprocess.PIPE, text=True)
@@ -61,13 +68,40 @@ def main():
         size, trace = allocs[index]
         stack = frames(trace)
         total += size * count
-        label = next((key for key in keys if any(key in frame for frame in stack)), "other")
+        if slabs:
+            label = slab_opener(stack)
+            if label is None:
+                continue
+        else:
+            label = next((key for key in keys if any(key in frame for frame in stack)), "other")
         groups[label][size] += count
-    print(f"live at {now} ms: {total / 1e6:.2f} MB")
-    for label, sizes in sorted(groups.items(), key=lambda item: -sum(s * c for s, c in item[1].items())):
+    print(f"live at {now} ms: {total / 1e6:.2f} MB" + (" (all of the heap; slabs below)" if slabs else ""))
+    ordered = sorted(groups.items(), key=lambda item: -sum(s * c for s, c in item[1].items()))
+    names = demangled([label for label, _ in ordered]) if slabs else [label for label, _ in ordered]
+    for (label, sizes), name in zip(ordered, names):
         held = sum(s * c for s, c in sizes.items())
         top = ", ".join(f"{s}B×{c}" for s, c in sorted(sizes.items(), key=lambda sc: -sc[0] * sc[1])[:5])
-        print(f"{held / 1e6:8.2f} MB  {label}: {top}")
+        print(f"{held / 1e6:8.2f} MB  {name[:160]}: {top}")
+
+
+def slab_opener(stack):
+    """The frame that opened a task-allocator slab, or None for any other allocation."""
+    if not any("StackAllocator" in frame for frame in stack):
+        return None
+    callers = [i for i, frame in enumerate(stack) if "swift_task_alloc" in frame]
+    at = callers[0] if callers else max(i for i, frame in enumerate(stack) if "StackAllocator" in frame)
+    return stack[at + 1] if at + 1 < len(stack) else "?"
+
+
+def demangled(labels):
+    """Swift symbols readable (`swift demangle`), when the toolchain is there."""
+    try:
+        out = subprocess.run(
+            ["swift", "demangle", "--simplified", "--compact"], input="\n".join(labels), capture_output=True,
+            text=True, check=True).stdout.splitlines()
+        return out if len(out) == len(labels) else labels
+    except (OSError, subprocess.CalledProcessError):
+        return labels
 
 
 if __name__ == "__main__":

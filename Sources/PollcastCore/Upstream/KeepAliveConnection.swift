@@ -201,16 +201,14 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   /// account keeps while its poll hangs, does not hold it.
   func stage(_ target: Target) { staged = target }
 
-  /// Runs `request` (already checked by `OutgoingRequest.check`) to the target staged last (`stage`) on the kept
-  /// connection. Cancelling the calling task cancels the request. Must be called on the loop, with no request in
-  /// flight (`busy` false).
-  func perform(_ request: UpstreamRequest, isolation: isolated (any Actor)? = #isolation)
-    async throws(UpstreamError) -> UpstreamResponse
-  {
-    // The request and its outcome travel in `pending`, and the continuation carries nothing: an account keeps this
-    // chain of frames while its poll hangs, and a generic result or error in it costs a slot in every frame (the
-    // chain then outgrew one 1 KB task-allocator slab by the runtime's small record for the suspension).
-    let pending = PendingExchange(request)
+  /// Runs `pending`'s request (already checked by `OutgoingRequest.check`) to the target staged last (`stage`) on
+  /// the kept connection; returns with `pending.outcome` set. Cancelling the calling task cancels the request. Must
+  /// be called on the loop, with no request in flight (`busy` false).
+  func perform(_ pending: PendingExchange, isolation: isolated (any Actor)? = #isolation) async {
+    // The request and its outcome travel in `pending`, and neither this frame nor the continuation holds a
+    // response or an error: an account keeps this chain of frames while its poll hangs, and a generic result or
+    // error costs a slot in every frame on the way (with a checked continuation's frame the chain outgrew its
+    // slab by the runtime's small record for the suspension).
     await withTaskCancellationHandler {
       await withUnsafeContinuation(isolation: isolation) { continuation in begin(pending, continuation) }
     } onCancel: { [loop] in
@@ -219,7 +217,6 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
         cancel()
       }
     }
-    return try (pending.outcome ?? .failure(UpstreamError(.cancelled, "cancelled"))).get()
   }
 
   /// `perform`'s synchronous start: `pending`'s request to the staged target, `continuation` resumed (its outcome
@@ -505,10 +502,12 @@ private final class KeepAliveExchange {
 }
 
 /// Bridges an exchange to an async caller; touched on the loop only.
-private final class PendingExchange: @unchecked Sendable {
+/// A request on the kept connection (`perform`), and its outcome once settled.
+final class PendingExchange: @unchecked Sendable {  // loop-confined
   let request: UpstreamRequest
   /// Set while the exchange runs; nil once it is settled.
   var continuation: UnsafeContinuation<Void, Never>?
+  /// Nil until settled (`perform` returns with it set).
   var outcome: Result<UpstreamResponse, UpstreamError>?
 
   init(_ request: UpstreamRequest) { self.request = request }

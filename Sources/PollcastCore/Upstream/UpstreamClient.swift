@@ -178,16 +178,14 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     // Every step but the calls is synchronous, and the exchange's values are in a class whose `let` the calls borrow:
     // an async frame holds every value and temporary of its body (a copy of a `var` property among them), and
     // every account keeps `send`'s frame while its poll hangs.
+    // The kept connection writes its outcome into the exchange: no response or error passes through this frame.
     let exchange = begin(request)
-    if let connection = exchange.connection {
-      do {
-        exchange.outcome = .success(try await connection.perform(exchange.prepared))
-      } catch {
-        keptFailed(error, exchange, on: connection)
-      }
+    if let kept = exchange.kept {
+      await kept.connection.perform(kept.pending)
+      keptEnded(exchange)
     }
     if exchange.outcome == nil { await throughLibcurl(exchange) }
-    return try end(exchange).get()
+    return try end(exchange)
   }
 
   /// One request on its way: as the interceptors prepared it, how it is carried (by the kept connection; nil:
@@ -195,7 +193,8 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   private final class Exchange {
     let prepared: UpstreamRequest
     init(_ prepared: UpstreamRequest) { self.prepared = prepared }
-    var connection: KeepAliveConnection?
+    /// The kept connection carrying the request, and the request on it; nil when libcurl carries it.
+    var kept: (connection: KeepAliveConnection, pending: PendingExchange)?
     var outcome: Result<UpstreamResponse, UpstreamError>?
     /// libcurl closes its connection after this request (see `keptRoute` and `reroutes`).
     var closesConnection = false
@@ -216,18 +215,25 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     }
     if let connection = keptRoute(prepared, exchange) {
       transport.requestsKeptAlive += 1
-      exchange.connection = connection
+      exchange.kept = (connection, PendingExchange(prepared))
     }
     return exchange
   }
 
-  /// A failure on the kept connection is the outcome, unless `reroutes` sends the request to libcurl at once.
+  /// The kept connection's outcome is the exchange's, unless it failed and `reroutes` sends the request to libcurl
+  /// at once.
   @inline(never)
-  private func keptFailed(_ error: UpstreamError, _ exchange: Exchange, on connection: KeepAliveConnection) {
-    if reroutes(error, on: connection) {
-      exchange.closesConnection = true
-    } else {
-      exchange.outcome = .failure(error)
+  private func keptEnded(_ exchange: Exchange) {
+    guard let kept = exchange.kept else { return }
+    switch kept.pending.outcome ?? .failure(UpstreamError(.cancelled, "cancelled")) {
+    case .success(let response):
+      exchange.outcome = .success(response)
+    case .failure(let error):
+      if reroutes(error, on: kept.connection) {
+        exchange.closesConnection = true
+      } else {
+        exchange.outcome = .failure(error)
+      }
     }
   }
 
@@ -247,10 +253,10 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
 
   /// Tells the interceptors how the exchange ended, last one first.
   @inline(never)
-  private func end(_ exchange: Exchange) -> Result<UpstreamResponse, UpstreamError> {
+  private func end(_ exchange: Exchange) throws(UpstreamError) -> UpstreamResponse {
     let outcome = exchange.outcome ?? .failure(UpstreamError(.transport, "no outcome"))
     for interceptor in interceptors.reversed() { interceptor.completed(exchange.prepared, outcome: outcome) }
-    return outcome
+    return try outcome.get()
   }
 
   /// The kept connection, with `request`'s target staged on it, when it carries `request`; nil when libcurl does.

@@ -502,8 +502,9 @@ private final class KeepAliveExchange {
 }
 
 /// Bridges an exchange to an async caller; touched on the loop only.
-/// A request on the kept connection (`perform`), and its outcome once settled.
-final class PendingExchange: @unchecked Sendable {  // loop-confined
+/// A request on the kept connection (`perform`), and its outcome once settled. `UpstreamClient`'s exchange is one:
+/// a request on its way is one object, not one per layer.
+class PendingExchange: @unchecked Sendable {  // loop-confined
   let request: UpstreamRequest
   /// Set while the exchange runs; nil once it is settled.
   var continuation: UnsafeContinuation<Void, Never>?

@@ -177,12 +177,12 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   {
     // Every step but the calls is synchronous, and the exchange's values are in a class whose `let` the calls borrow:
     // an async frame holds every value and temporary of its body (a copy of a `var` property among them), and
-    // every account keeps `send`'s frame while its poll hangs.
-    // The kept connection writes its outcome into the exchange: no response or error passes through this frame.
+    // every account keeps `send`'s frame while its poll hangs. The kept connection writes its outcome into the
+    // exchange: no response or error passes through this frame.
     let exchange = begin(request)
-    if let kept = exchange.kept {
-      await kept.connection.perform(kept.pending)
-      keptEnded(exchange)
+    if let connection = exchange.connection {
+      await connection.perform(exchange)
+      keptEnded(exchange, on: connection)
     }
     if exchange.outcome == nil { await throughLibcurl(exchange) }
     return try end(exchange)
@@ -190,12 +190,11 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
 
   /// One request on its way: as the interceptors prepared it, how it is carried (by the kept connection; nil:
   /// libcurl), and its outcome once known.
-  private final class Exchange {
-    let prepared: UpstreamRequest
-    init(_ prepared: UpstreamRequest) { self.prepared = prepared }
-    /// The kept connection carrying the request, and the request on it; nil when libcurl carries it.
-    var kept: (connection: KeepAliveConnection, pending: PendingExchange)?
-    var outcome: Result<UpstreamResponse, UpstreamError>?
+  private final class Exchange: PendingExchange, @unchecked Sendable {  // loop-confined
+    /// The request as the interceptors prepared it.
+    var prepared: UpstreamRequest { request }
+    /// The kept connection carrying the request (the exchange is its pending exchange); nil when libcurl does.
+    var connection: KeepAliveConnection?
     /// libcurl closes its connection after this request (see `keptRoute` and `reroutes`).
     var closesConnection = false
   }
@@ -215,7 +214,7 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     }
     if let connection = keptRoute(prepared, exchange) {
       transport.requestsKeptAlive += 1
-      exchange.kept = (connection, PendingExchange(prepared))
+      exchange.connection = connection
     }
     return exchange
   }
@@ -223,18 +222,12 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   /// The kept connection's outcome is the exchange's, unless it failed and `reroutes` sends the request to libcurl
   /// at once.
   @inline(never)
-  private func keptEnded(_ exchange: Exchange) {
-    guard let kept = exchange.kept else { return }
-    switch kept.pending.outcome ?? .failure(UpstreamError(.cancelled, "cancelled")) {
-    case .success(let response):
-      exchange.outcome = .success(response)
-    case .failure(let error):
-      if reroutes(error, on: kept.connection) {
-        exchange.closesConnection = true
-      } else {
-        exchange.outcome = .failure(error)
-      }
-    }
+  private func keptEnded(_ exchange: Exchange, on connection: KeepAliveConnection) {
+    // `perform` returns with an outcome; were one missing, the request is not sent again.
+    if exchange.outcome == nil { exchange.outcome = .failure(UpstreamError(.cancelled, "cancelled")) }
+    guard case .failure(let error) = exchange.outcome, reroutes(error, on: connection) else { return }
+    exchange.outcome = nil
+    exchange.closesConnection = true
   }
 
   /// The request through libcurl; an address it reached a name at is learned. In a function of its own, so that its

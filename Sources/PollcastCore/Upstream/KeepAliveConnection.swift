@@ -501,7 +501,6 @@ private final class KeepAliveExchange {
   }
 }
 
-/// Bridges an exchange to an async caller; touched on the loop only.
 /// A request on the kept connection (`perform`), and its outcome once settled. `UpstreamClient`'s exchange is one:
 /// a request on its way is one object, not one per layer.
 class PendingExchange: @unchecked Sendable {  // loop-confined

@@ -53,13 +53,40 @@ final class LocalServer {
       description: "\(name) did not start in 3 attempts; the last log ended with:\n\(lastLog)")
   }
 
-  /// `count` distinct loopback ports that were free a moment ago.
+  /// `count` distinct loopback ports that were free a moment ago, on 127.0.0.1 and (when this machine has it) on ::1.
+  ///
+  /// chromedriver listens on both loopbacks at one port and exits when the IPv6 one is taken ("IPv6 port not
+  /// available"). A port free on 127.0.0.1 can still be taken on ::1 (by a client socket there, say; which one was
+  /// not found): a local run saw all three attempts fail that way in 0.4 s. A port is handed out only
+  /// when both binds succeed; the sockets of refused ports stay open until the end, so none is offered twice.
   static func freePorts(_ count: Int) throws -> [Int] {
     var sockets: [ListeningSocket] = []
     defer { for socket in sockets { close(socket.fd) } }
-    for _ in 0..<count { sockets.append(try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 1)) }
-    return sockets.map(\.port)
+    var ports: [Int] = []
+    for _ in 0..<(count + 64) where ports.count < count {
+      let socket = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 1)
+      sockets.append(socket)
+      guard hasIPv6Loopback else {
+        ports.append(socket.port)
+        continue
+      }
+      if let twin = try? ListeningSocket.bind(host: "::1", port: socket.port, backlog: 1) {
+        sockets.append(twin)
+        ports.append(socket.port)
+      }
+    }
+    guard ports.count == count else {
+      throw TestSSEClient.Failure(description: "no \(count) loopback ports free on both 127.0.0.1 and ::1")
+    }
+    return ports
   }
+
+  /// True when this machine can listen on ::1 (some CI machines have IPv6 turned off).
+  static let hasIPv6Loopback: Bool = {
+    guard let socket = try? ListeningSocket.bind(host: "::1", port: 0, backlog: 1) else { return false }
+    close(socket.fd)
+    return true
+  }()
 
   /// Kills the server (SIGKILL) unless it has exited, and reaps it.
   func stop() {

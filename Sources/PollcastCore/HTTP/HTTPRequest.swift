@@ -122,6 +122,16 @@ public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used 
     assert(added == 0, "evhttp refused header \(name)")
   }
 
+  /// Frees every field of an evhttp header list but `Connection`, for a request or reply whose head is already
+  /// written and which may live long (a stream, a held poll). evhttp reads `Connection` from both lists when the
+  /// exchange ends, to close the connection or keep it, and nothing else from them after the head is written.
+  static func dropAllButConnection(_ headers: UnsafeMutablePointer<evkeyvalq>) {
+    let connection = evhttp_find_header(headers, "Connection").map { String(cString: $0) }
+    evhttp_clear_headers(headers)
+    // The value was accepted once; only memory can refuse it now, and then evhttp keeps the connection open.
+    if let connection { _ = evhttp_add_header(headers, "Connection", connection) }
+  }
+
   /// Sets `name` to `value`, replacing any value it had (a header that must appear once, like `Connection`).
   public func setHeader(_ name: String, _ value: String) {
     let headers = evhttp_request_get_output_headers(raw)

@@ -49,6 +49,7 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
     {
       chunked = String(cString: encoding).lowercased() == "chunked"
     }
+    dropHeaders(of: request)
     if let bev = evhttp_connection_get_bufferevent(connection) {
       output = bufferevent_get_output(bev)
       socket = bufferevent_getfd(bev)
@@ -59,6 +60,16 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
       var write = timeval(seconds: writeTimeout)
       bufferevent_set_timeouts(bev, nil, &write)
     }
+  }
+
+  /// Frees the request's header lists once the reply has started: a stream lives for hours, and its client's
+  /// headers (a browser sends a dozen, cookies included) and the reply's, already written into the output, would
+  /// otherwise be kept for all of it (~1 KB per stream with `curl`'s four). Everything the relay needed from them
+  /// was read before the stream opened. Only `Connection` stays on the reply: evhttp reads it when the reply ends,
+  /// to close the connection instead of waiting for another request on it.
+  private func dropHeaders(of request: OpaquePointer) {
+    if let input = evhttp_request_get_input_headers(request) { evhttp_clear_headers(input) }
+    if let output = evhttp_request_get_output_headers(request) { HTTPRequest.dropAllButConnection(output) }
   }
 
   var pendingBytes: Int {

@@ -321,6 +321,15 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     // On -1 the request is freed and its callback may have run already: `current` tells.
     if evhttp_make_request(connection, raw, exchange.method, String(target.path)) != 0, current === exchange {
       finish(exchange, .failure(UpstreamError(.transport, "cannot send the request to \(target.host):\(target.port)")))
+      return
+    }
+    // On a connected socket evhttp wrote the request's head into the output at once; the header list is not read
+    // again (but for `Connection`), and a held poll would keep it for its whole hold. A request still waiting for
+    // its connection keeps its headers until it is written.
+    if current === exchange, exchange.raw == raw, let headers, let event = evhttp_connection_get_bufferevent(connection),
+      let output = bufferevent_get_output(event), evbuffer_get_length(output) > 0
+    {
+      HTTPRequest.dropAllButConnection(headers)
     }
   }
 

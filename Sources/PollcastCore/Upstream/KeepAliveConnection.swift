@@ -326,8 +326,9 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     // On a connected socket evhttp wrote the request's head into the output at once; the header list is not read
     // again (but for `Connection`), and a held poll would keep it for its whole hold. A request still waiting for
     // its connection keeps its headers until it is written.
-    if current === exchange, exchange.raw == raw, let headers, let event = evhttp_connection_get_bufferevent(connection),
-      let output = bufferevent_get_output(event), evbuffer_get_length(output) > 0
+    if current === exchange, exchange.raw == raw, let headers,
+      let event = evhttp_connection_get_bufferevent(connection), let output = bufferevent_get_output(event),
+      evbuffer_get_length(output) > 0
     {
       HTTPRequest.dropAllButConnection(headers)
     }

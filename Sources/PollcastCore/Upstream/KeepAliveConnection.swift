@@ -22,7 +22,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   private var connection: OpaquePointer?
   private var connectedTarget: Target?
   private var readTimeout = -1.0
-  private var current: KeepAliveExchange?
+  private var current: PendingExchange?
   private var deadline: LoopTimer?
   /// Requests sent on this connection (one per exchange); for tests and the bench.
   private(set) var requestsSent = 0
@@ -48,7 +48,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     if let current {
       // Nothing waits on an exchange of a client that is gone, but a continuation must not be dropped unresumed.
       self.current = nil
-      current.complete(.failure(UpstreamError(.cancelled, "cancelled")))
+      current.settle(.failure(UpstreamError(.cancelled, "cancelled")))
     }
     guard let connection else { return }
     // evhttp_connection_free frees the queued request without calling back.
@@ -233,20 +233,20 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
       return
     }
     staged = nil
-    start(pending.request, to: target) { result in pending.settle(result) }
+    start(pending, to: target)
   }
 
-  /// Starts `request`; `completion` runs on the loop exactly once (with `.cancelled` when cancelled).
-  func start(
-    _ request: UpstreamRequest, to target: Target,
-    completion: @escaping (Result<UpstreamResponse, UpstreamError>) -> Void
-  ) {
+  /// Starts `exchange`'s request; the exchange is settled on the loop exactly once (with `.cancelled` when
+  /// cancelled).
+  private func start(_ exchange: PendingExchange, to target: Target) {
     loop.assertOnLoop()
     precondition(current == nil, "one request at a time on a kept-alive connection")
+    let request = exchange.request
     lastTargetName = target.name
     lastFailedBeforeConnecting = false
     guard let method = Self.method(request.method) else {
-      completion(.failure(UpstreamError(.transport, "method \(request.method) is not carried by the kept connection")))
+      exchange.settle(
+        .failure(UpstreamError(.transport, "method \(request.method) is not carried by the kept connection")))
       return
     }
     if connectedTarget != target, let old = connection {
@@ -255,7 +255,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     }
     if connection == nil {
       guard let made = evhttp_connection_base_new(loop.base, nil, target.host, target.port) else {
-        completion(.failure(UpstreamError(.transport, "cannot make a connection to \(target.host):\(target.port)")))
+        exchange.settle(.failure(UpstreamError(.transport, "cannot make a connection to \(target.host):\(target.port)")))
         return
       }
       evhttp_connection_set_max_body_size(made, maxBodyBytes)
@@ -272,17 +272,19 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
       evhttp_connection_set_timeout_tv(connection, &tv)
       readTimeout = request.timeout
     }
-    let exchange = KeepAliveExchange(
-      request: request, target: target, method: method, maxBody: maxBodyBytes, completion: completion, owner: self)
+    exchange.onConnection(target: target, method: method, owner: self)
     current = exchange
     armDeadline(for: exchange)
     issue(exchange, on: connection)
   }
 
   /// Sends `exchange`'s request on `connection` (its first try, or its one retry on a fresh connection).
-  private func issue(_ exchange: KeepAliveExchange, on connection: OpaquePointer) {
+  private func issue(_ exchange: PendingExchange, on connection: OpaquePointer) {
     let request = exchange.request
-    let target = exchange.target
+    guard let target = exchange.target else {
+      finish(exchange, .failure(UpstreamError(.transport, "no target for the kept connection's request")))
+      return
+    }
     // Unretained: `current` holds the exchange until it completes or is cancelled, and libevent calls back for it
     // only before that (a cancelled or freed request never calls back).
     let context = Unmanaged.passUnretained(exchange).toOpaque()
@@ -339,7 +341,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   /// timeout, a restart). libcurl retries this case once on a fresh connection too, so either client polls the same
   /// way. Only once, and only from a kept socket: a fresh connection that closes is the server's answer. False when
   /// the failure stands.
-  fileprivate func retryOnFreshConnection(_ exchange: KeepAliveExchange) -> Bool {
+  fileprivate func retryOnFreshConnection(_ exchange: PendingExchange) -> Bool {
     guard current === exchange, exchange.onKeptSocket, !exchange.retried, let connection else { return false }
     exchange.retried = true
     issue(exchange, on: connection)
@@ -350,7 +352,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
 
   /// One timer per connection, re-armed per exchange: first at the connect deadline (is the socket connected by
   /// then?), then at the total deadline.
-  private func armDeadline(for exchange: KeepAliveExchange) {
+  private func armDeadline(for exchange: PendingExchange) {
     if deadline == nil {
       deadline = LoopTimer(loop: loop) { [weak self] in self?.deadlinePassed() }
     }
@@ -395,7 +397,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
 
   /// Ends `exchange` before its answer: libevent cancels the request (resetting the connection, which is reopened
   /// for the next one) and does not call back for it.
-  private func abort(_ exchange: KeepAliveExchange, _ error: UpstreamError) {
+  private func abort(_ exchange: PendingExchange, _ error: UpstreamError) {
     if let raw = exchange.raw {
       exchange.raw = nil
       evhttp_cancel_request(raw)
@@ -403,55 +405,20 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     finish(exchange, .failure(error))
   }
 
-  fileprivate func finish(_ exchange: KeepAliveExchange, _ result: Result<UpstreamResponse, UpstreamError>) {
+  fileprivate func finish(_ exchange: PendingExchange, _ result: Result<UpstreamResponse, UpstreamError>) {
     guard current === exchange else { return }
     current = nil
     exchange.raw = nil
+    exchange.owner = nil
     deadline?.cancel()
     lastFailedBeforeConnecting = exchange.failedBeforeConnecting
-    exchange.complete(result)
+    exchange.settle(result)
   }
 }
 
-/// One request on a kept connection and what came back; held by the connection while in flight.
-private final class KeepAliveExchange {
-  let request: UpstreamRequest
-  let target: KeepAliveConnection.Target
-  let method: evhttp_cmd_type
-  let maxBody: Int
-  let started = MonotonicClock.seconds()
-  var completion: ((Result<UpstreamResponse, UpstreamError>) -> Void)?
-  weak var owner: KeepAliveConnection?
-  var raw: OpaquePointer?
-  var errorCode: evhttp_request_error?
-  var checkingConnect = false
-  /// Sent on a socket kept from an earlier exchange (not one opened for it).
-  var onKeptSocket = false
-  /// Sent a second time after the kept socket closed under it.
-  var retried = false
-  /// Ended before a connection was made (refused, unreachable, the connect deadline passed): nothing was sent.
-  var failedBeforeConnecting = false
-
-  init(
-    request: UpstreamRequest, target: KeepAliveConnection.Target, method: evhttp_cmd_type, maxBody: Int,
-    completion: @escaping (Result<UpstreamResponse, UpstreamError>) -> Void, owner: KeepAliveConnection
-  ) {
-    self.request = request
-    self.target = target
-    self.method = method
-    self.maxBody = maxBody
-    self.completion = completion
-    self.owner = owner
-  }
-
-  func complete(_ result: Result<UpstreamResponse, UpstreamError>) {
-    guard let completion else { return }
-    self.completion = nil
-    completion(result)
-  }
-
+extension PendingExchange {
   /// libevent's verdict on the request: the answer, or why there is none.
-  func outcome(_ raw: OpaquePointer?) -> Result<UpstreamResponse, UpstreamError> {
+  fileprivate func verdict(_ raw: OpaquePointer?, maxBody: Int) -> Result<UpstreamResponse, UpstreamError> {
     let duration = MonotonicClock.seconds() - started
     guard let raw, errorCode == nil else {
       switch errorCode {
@@ -513,6 +480,9 @@ private final class KeepAliveExchange {
 
 /// A request on the kept connection (`perform`), and its outcome once settled. `UpstreamClient`'s exchange is one:
 /// a request on its way is one object, not one per layer.
+///
+/// While on the connection it also holds the connection's state for it (one object per request on its way, not one
+/// per layer: an account keeps it for as long as its poll hangs).
 class PendingExchange: @unchecked Sendable {  // loop-confined
   let request: UpstreamRequest
   /// Set while the exchange runs; nil once it is settled.
@@ -520,7 +490,32 @@ class PendingExchange: @unchecked Sendable {  // loop-confined
   /// Nil until settled (`perform` returns with it set).
   var outcome: Result<UpstreamResponse, UpstreamError>?
 
+  // The kept connection's state for the request (set by `onConnection`).
+  fileprivate var target: KeepAliveConnection.Target?
+  fileprivate var method = EVHTTP_REQ_GET
+  fileprivate var started = 0.0
+  /// The connection carrying the request, while it does: libevent's callbacks find it here.
+  fileprivate weak var owner: KeepAliveConnection?
+  fileprivate var raw: OpaquePointer?
+  fileprivate var errorCode: evhttp_request_error?
+  fileprivate var checkingConnect = false
+  /// Sent on a socket kept from an earlier exchange (not one opened for it).
+  fileprivate var onKeptSocket = false
+  /// Sent a second time after the kept socket closed under it.
+  fileprivate var retried = false
+  /// Ended before a connection was made (refused, unreachable, the connect deadline passed): nothing was sent.
+  fileprivate var failedBeforeConnecting = false
+
   init(_ request: UpstreamRequest) { self.request = request }
+
+  fileprivate func onConnection(
+    target: KeepAliveConnection.Target, method: evhttp_cmd_type, owner: KeepAliveConnection
+  ) {
+    self.target = target
+    self.method = method
+    self.owner = owner
+    started = MonotonicClock.seconds()
+  }
 
   /// Ends the exchange with `result` (once: later calls do nothing).
   func settle(_ result: Result<UpstreamResponse, UpstreamError>) {
@@ -548,17 +543,17 @@ extension String {
 /// The request's answer (or, with nil, its failure after `keepAliveRequestError`).
 private let keepAliveRequestDone: @convention(c) (OpaquePointer?, UnsafeMutableRawPointer?) -> Void = { raw, context in
   guard let context else { return }
-  let exchange = Unmanaged<KeepAliveExchange>.fromOpaque(context).takeUnretainedValue()
+  let exchange = Unmanaged<PendingExchange>.fromOpaque(context).takeUnretainedValue()
   guard let owner = exchange.owner else { return }
   // libevent frees the request after this returns (or has freed it already, for a failure).
   exchange.raw = nil
   // Closed before any answer on a kept socket: once more on a fresh one (libevent has reset the connection).
   if raw == nil, exchange.errorCode == EVREQ_HTTP_EOF, owner.retryOnFreshConnection(exchange) { return }
-  owner.finish(exchange, exchange.outcome(raw))
+  owner.finish(exchange, exchange.verdict(raw, maxBody: owner.maxBodyBytes))
 }
 
 private let keepAliveRequestError: @convention(c) (evhttp_request_error, UnsafeMutableRawPointer?) -> Void = {
   error, context in
   guard let context else { return }
-  Unmanaged<KeepAliveExchange>.fromOpaque(context).takeUnretainedValue().errorCode = error
+  Unmanaged<PendingExchange>.fromOpaque(context).takeUnretainedValue().errorCode = error
 }

@@ -324,8 +324,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// What a poll decided before it went out, kept until its answer is read. Only this and the request stay in the
   /// poll's async frame while the poll hangs (per-user relaying holds thousands): the answer is read in its own
   /// function.
-  final class PollPlan {
-    let request: UpstreamRequest
+  final class PollPlan: HeldRequest, @unchecked Sendable {  // loop-confined
     let scope: RecipeScope
     let reset: UpstreamCursorReset?
     let resetToken: String?
@@ -334,17 +333,22 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     init(
       request: UpstreamRequest, scope: RecipeScope, reset: UpstreamCursorReset?, resetToken: String?, cursor: UInt64
     ) {
-      (self.request, self.scope, self.reset, self.resetToken, self.cursor) = (request, scope, reset, resetToken, cursor)
+      (self.scope, self.reset, self.resetToken, self.cursor) = (scope, reset, resetToken, cursor)
+      super.init(request)
     }
   }
 
-  public func poll(
+  @inline(never)
+  public final func poll(
     _ client: UpstreamClient, cursors: [String: UInt64], tokens: [String: String] = [:],
     isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     let plan = try planPoll(cursors: cursors, tokens: tokens)
-    let response = try await client.send(plan.request)
-    return try await read(response, plan, client, isolation: isolation)
+    // The plan, not its request, is handed over, and the response comes back in it: a struct argument to an async
+    // call is copied into this frame (twice, measured), and a result or typed error takes slots in it; every
+    // account keeps this frame while its poll hangs.
+    await client.send(held: plan)
+    return try await read(plan, client, isolation: isolation)
   }
 
   @inline(never)
@@ -390,16 +394,15 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// only then (every account's cycle task keeps the deepest chain of async frames it ever needed).
   @inline(never)
   private func read(
-    _ response: UpstreamResponse, _ plan: PollPlan, _ client: UpstreamClient,
-    isolation: isolated (any Actor)? = #isolation
+    _ plan: PollPlan, _ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
-    switch try readHere(response, plan) {
+    switch try readHere(plan) {
     case .answer(let answer):
       return answer
     case .fetch(let after):
       return try await fetchThenFinish(client, plan, after: after)
     case .decodeApart:
-      return try await readApart(response, plan, client)
+      return try await readApart(plan, client)
     }
   }
 
@@ -413,7 +416,8 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   }
 
   @inline(never)
-  private func readHere(_ response: UpstreamResponse, _ plan: PollPlan) throws(UpstreamError) -> ReadHere {
+  private func readHere(_ plan: PollPlan) throws(UpstreamError) -> ReadHere {
+    let response = try plan.response()
     guard RecipeAnswer.decodesHere(response) else { return .decodeApart }
     let verdict = RecipeAnswer.decodeHere(response.body, interpreter(response, plan))
     lastRule = verdict.rule
@@ -437,9 +441,9 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// `read` for a body decoded off the loop.
   @inline(never)
   private func readApart(
-    _ response: UpstreamResponse, _ plan: PollPlan, _ client: UpstreamClient,
-    isolation: isolated (any Actor)? = #isolation
+    _ plan: PollPlan, _ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
+    let response = try plan.response()
     let verdict = await RecipeAnswer.decode(response, interpreter(response, plan))
     lastRule = verdict.rule
     guard case .fetch = verdict.action else { return try finish(verdict.action, keys: verdict.keys, plan) }

@@ -153,6 +153,21 @@ final class AddressBook: @unchecked Sendable {  // loop-confined
   var lifetime = 60.0
 }
 
+/// A request held by an object, for `UpstreamClient.send(held:)` (a poll's plan is one).
+public class HeldRequest: @unchecked Sendable {  // loop-confined
+  public let request: UpstreamRequest
+  /// What `send(held:)` got back; set when it returns.
+  public internal(set) var outcome: Result<UpstreamResponse, UpstreamError>?
+
+  public init(_ request: UpstreamRequest) { self.request = request }
+
+  /// The response `send(held:)` got, or the error it met.
+  public func response() throws(UpstreamError) -> UpstreamResponse {
+    guard let outcome else { throw UpstreamError(.transport, "the request was not sent") }
+    return try outcome.get()
+  }
+}
+
 /// The transport with its interceptor chain: what adapters call.
 public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like its transport
   public let transport: CurlTransport
@@ -187,6 +202,29 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     if exchange.outcome == nil { await throughLibcurl(exchange) }
     return try end(exchange)
   }
+
+  /// `send` for a request an object holds (a poll's plan), with the outcome written into it (`held.outcome`).
+  /// Every account keeps this chain of frames while its poll hangs: a request passed by value to an async call is
+  /// copied into the caller's frame (105 bytes, twice, in `RecipeAdapter.poll`), and a response or a typed error
+  /// returned takes slots in both frames; a reference is one word.
+  public func send(held: HeldRequest, isolation: isolated (any Actor)? = #isolation) async {
+    let exchange = begin(held)
+    if let connection = exchange.connection {
+      await connection.perform(exchange)
+      keptEnded(exchange, on: connection)
+    }
+    if exchange.outcome == nil { await throughLibcurl(exchange) }
+    end(exchange, into: held)
+  }
+
+  /// `end` for `send(held:)`: the outcome goes into `held`.
+  @inline(never)
+  private func end(_ exchange: Exchange, into held: HeldRequest) {
+    held.outcome = Result { () throws(UpstreamError) in try end(exchange) }
+  }
+
+  @inline(never)
+  private func begin(_ held: HeldRequest) -> Exchange { begin(held.request) }
 
   /// One request on its way: as the interceptors prepared it, how it is carried (by the kept connection; nil:
   /// libcurl), and its outcome once known.

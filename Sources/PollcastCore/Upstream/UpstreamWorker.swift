@@ -19,6 +19,8 @@ public actor UpstreamWorker {
   let feed: Feed
   let client: UpstreamClient
   let adapter: UpstreamAdapter
+  /// The adapter as the recipe engine's class, when it is one (every built-in adapter is): polled directly.
+  private let recipe: RecipeAdapter?
   let settings: Settings
   let logger: Logger
   var random: SeededRandom
@@ -52,6 +54,7 @@ public actor UpstreamWorker {
     self.feed = feed
     self.client = client
     self.adapter = adapter
+    self.recipe = adapter as? RecipeAdapter
     self.settings = settings
     self.logger = logger
     self.random = random
@@ -189,7 +192,14 @@ public actor UpstreamWorker {
           }
         }
         pollStarting()
-        let answer = try await adapter.poll(client, cursors: cursors, tokens: book.tokens, isolation: self)
+        // On the recipe engine's class, not through the protocol: a protocol's async witness is one more frame in
+        // the chain every account keeps while its poll hangs (160 bytes).
+        let answer =
+          if let recipe {
+            try await recipe.poll(client, cursors: cursors, tokens: book.tokens, isolation: self)
+          } else {
+            try await pollThroughProtocol()
+          }
         guard isCurrent(cycleGeneration) else { return }
         pollAnswered(answer)
         guard let wentBackwards = await relay(answer, cycleGeneration) else {
@@ -226,6 +236,12 @@ public actor UpstreamWorker {
         }
       }
     }
+  }
+
+  /// A poll of an adapter that is not a `RecipeAdapter`, in a frame of its own.
+  @inline(never)
+  private func pollThroughProtocol() async throws(UpstreamError) -> UpstreamPollAnswer {
+    try await adapter.poll(client, cursors: cursors, tokens: book.tokens, isolation: self)
   }
 
   /// What `prepareCycle` found: the cycle polls on, prepares again (the store refused the notices) or stops.

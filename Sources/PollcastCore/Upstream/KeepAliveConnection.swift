@@ -255,7 +255,8 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     }
     if connection == nil {
       guard let made = evhttp_connection_base_new(loop.base, nil, target.host, target.port) else {
-        exchange.settle(.failure(UpstreamError(.transport, "cannot make a connection to \(target.host):\(target.port)")))
+        exchange.settle(
+          .failure(UpstreamError(.transport, "cannot make a connection to \(target.host):\(target.port)")))
         return
       }
       evhttp_connection_set_max_body_size(made, maxBodyBytes)

@@ -165,6 +165,10 @@ public actor AccountHub {
   var statisticsWalk: Task<Statistics, Never>?
 
   let upstream: Upstream
+  /// Every account's feed and worker share these (their settings, a feed's fixed bytes) rather than each holding a
+  /// copy.
+  let feedCommon: FeedCommon
+  let workerSettings: Shared<UpstreamWorker.Settings>
   public nonisolated let settings: Settings
   let logger: Logger
   /// The libcurl multi handles the accounts' loops share (Upstream/TransportPool).
@@ -210,6 +214,11 @@ public actor AccountHub {
     loop.assertOnLoop()
     self.loop = loop
     self.upstream = upstream
+    feedCommon = FeedCommon(upstream.feed)
+    var workerSettings = upstream.worker
+    workerSettings.stopWhenKeyRefused = true
+    workerSettings.idleAfter = nil  // the hub runs the grace period
+    self.workerSettings = Shared(workerSettings)
     self.settings = settings
     self.logger = logger
     transports = try TransportPool(
@@ -275,7 +284,7 @@ public actor AccountHub {
         ? EventIDAllocator(startMicroseconds: 0, persistedAtLeast: restored?.headID ?? 0)
         : EventIDAllocator(persistedAtLeast: max(highWater, restored?.headID ?? 0))
       let feed = Feed(
-        loop: loop, settings: upstream.feed, ids: ids, store: store, storeKey: Self.storeKey(key), restored: restored)
+        loop: loop, common: feedCommon, ids: ids, store: store, storeKey: Self.storeKey(key), restored: restored)
       let name = label ?? "account-\(nextLabel)"
       var ownerLogger = logger
       ownerLogger.label = "store.\(name)"
@@ -335,13 +344,10 @@ public actor AccountHub {
   }
 
   func startLoop(_ account: Account, adapter: UpstreamAdapter, client: UpstreamClient, credential: String) {
-    var workerSettings = upstream.worker
-    workerSettings.stopWhenKeyRefused = true
-    workerSettings.idleAfter = nil  // the hub runs the grace period
     var workerLogger = logger
     workerLogger.label = "upstream.\(account.label)"
     let worker = UpstreamWorker(
-      loop: loop, feed: account.feed, client: client, adapter: adapter, settings: workerSettings,
+      loop: loop, feed: account.feed, client: client, adapter: adapter, shared: workerSettings,
       logger: workerLogger, random: SeededRandom(seed: random.next()))
     worker.assumeIsolated { worker in
       if let position = account.position { worker.restore(position) }

@@ -7,7 +7,9 @@ import Foundation
 /// could see a later event before an earlier one, or a replay could miss an event published meanwhile.
 public actor Feed {
   public nonisolated let loop: EventLoop
-  public nonisolated let settings: FeedSettings
+  public nonisolated var settings: FeedSettings { common.settings }
+  /// The settings and the fixed bytes, shared by every feed made with the same settings (an account's, say).
+  nonisolated let common: FeedCommon
   public nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
 
   var ids: EventIDAllocator
@@ -25,8 +27,8 @@ public actor Feed {
   var writeTime = 0.0
   var ageTimer: LoopTimer?
   var ageRandom = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
-  let heartbeatBytes = BroadcastBytes(SSEEncoder.comment("heartbeat"))
-  let preamble: ByteSlice
+  var heartbeatBytes: BroadcastBytes { common.heartbeatBytes }
+  var preamble: ByteSlice { common.preamble }
   var subscriberObservers: [(Int) -> Void] = []
 
   /// Where batches are committed before anyone sees them (`store.kind`), and this feed's name there.
@@ -50,9 +52,19 @@ public actor Feed {
     loop: EventLoop, settings: FeedSettings, ids: EventIDAllocator = EventIDAllocator(),
     store: EventStore = MemoryEventStore(), storeKey: String = "shared", restored: StoredFeed? = nil
   ) {
+    self.init(
+      loop: loop, common: FeedCommon(settings), ids: ids, store: store, storeKey: storeKey, restored: restored)
+  }
+
+  /// A feed whose settings and fixed bytes are `common`, shared with other feeds.
+  init(
+    loop: EventLoop, common: FeedCommon, ids: EventIDAllocator, store: EventStore, storeKey: String,
+    restored: StoredFeed?
+  ) {
     precondition(restored.map { ids.head >= $0.headID } ?? true, "ids must start above the stored head")
+    let settings = common.settings
     self.loop = loop
-    self.settings = settings
+    self.common = common
     self.ids = ids
     self.store = store
     self.storeKey = storeKey
@@ -77,9 +89,6 @@ public actor Feed {
       unissuedChanged = unissued != restored.unissued
     }
     self.ring = ring
-    self.preamble = ByteSlice(
-      SSEEncoder.comment("pollcast \(PollcastVersion.current)")
-        + SSEEncoder.retry(milliseconds: settings.retryMilliseconds))
   }
 
   /// Calls `observer` (on the loop) with the number of connected subscribers whenever it changes.

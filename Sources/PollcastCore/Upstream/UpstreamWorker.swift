@@ -21,7 +21,9 @@ public actor UpstreamWorker {
   let adapter: UpstreamAdapter
   /// The adapter as the recipe engine's class, when it is one (every built-in adapter is): polled directly.
   private let recipe: RecipeAdapter?
-  let settings: Settings
+  var settings: Settings { sharedSettings.value }
+  /// The settings, shared with the other workers of a hub (one per account).
+  private let sharedSettings: Shared<Settings>
   let logger: Logger
   var random: SeededRandom
 
@@ -47,6 +49,17 @@ public actor UpstreamWorker {
     loop: EventLoop, feed: Feed, client: UpstreamClient, adapter: UpstreamAdapter, settings: Settings, logger: Logger,
     random: SeededRandom = SeededRandom(seed: UInt64.random(in: 0...UInt64.max))
   ) {
+    self.init(
+      loop: loop, feed: feed, client: client, adapter: adapter, shared: Shared(settings), logger: logger, random: random
+    )
+  }
+
+  /// A worker whose settings are shared with others (`AccountHub`'s, one per account).
+  init(
+    loop: EventLoop, feed: Feed, client: UpstreamClient, adapter: UpstreamAdapter, shared: Shared<Settings>,
+    logger: Logger, random: SeededRandom
+  ) {
+    let settings = shared.value
     // The worker publishes with assumeIsolated, and its transport is confined to the loop it was made on.
     precondition(
       feed.loop === loop && client.transport.loop === loop, "the worker, its feed and transport share a loop")
@@ -55,7 +68,7 @@ public actor UpstreamWorker {
     self.client = client
     self.adapter = adapter
     self.recipe = adapter as? RecipeAdapter
-    self.settings = settings
+    self.sharedSettings = shared
     self.logger = logger
     self.random = random
     self.backoff = settings.backoff

@@ -321,9 +321,10 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     }
   }
 
-  /// What a poll decided before it went out, kept until its answer is read. Only this and the request stay in the
-  /// poll's async frame while the poll hangs (per-user relaying holds thousands): the answer is read in its own
-  /// function.
+  /// What a poll decided before it went out, kept until its answer is read, with the request it sends and the
+  /// outcome `UpstreamClient.send(held:)` writes back. A reference to this is what the poll's async frame holds while
+  /// the poll hangs (per-user relaying holds thousands): no request, response or error is copied into it, and the
+  /// answer is read in its own function.
   final class PollPlan: HeldRequest, @unchecked Sendable {  // loop-confined
     let scope: RecipeScope
     let reset: UpstreamCursorReset?

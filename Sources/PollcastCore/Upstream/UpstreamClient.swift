@@ -190,23 +190,21 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     async throws(UpstreamError)
     -> UpstreamResponse
   {
-    // Every step but the calls is synchronous, and the exchange's values are in a class whose `let` the calls borrow:
-    // an async frame holds every value and temporary of its body (a copy of a `var` property among them), and
-    // every account keeps `send`'s frame while its poll hangs. The kept connection writes its outcome into the
-    // exchange: no response or error passes through this frame.
-    let exchange = begin(request)
-    if let connection = exchange.connection {
-      await connection.perform(exchange)
-      keptEnded(exchange, on: connection)
-    }
-    if exchange.outcome == nil { await throughLibcurl(exchange) }
-    return try end(exchange)
+    // One body for both: a poll's plan holds its request (`send(held:)`); any other request is held here, at the
+    // cost of one small object per session or fetch request.
+    let held = HeldRequest(request)
+    await send(held: held)
+    return try held.response()
   }
 
   /// `send` for a request an object holds (a poll's plan), with the outcome written into it (`held.outcome`).
   /// Every account keeps this chain of frames while its poll hangs: a request passed by value to an async call is
   /// copied into the caller's frame (105 bytes, twice, in `RecipeAdapter.poll`), and a response or a typed error
   /// returned takes slots in both frames; a reference is one word.
+  ///
+  /// Every step but the calls is synchronous, and the exchange's values are in a class whose `let` the calls borrow:
+  /// an async frame holds every value and temporary of its body (a copy of a `var` property among them). The kept
+  /// connection writes its outcome into the exchange: no response or error passes through this frame.
   public func send(held: HeldRequest, isolation: isolated (any Actor)? = #isolation) async {
     let exchange = begin(held)
     if let connection = exchange.connection {

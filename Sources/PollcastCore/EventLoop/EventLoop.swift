@@ -60,9 +60,11 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   /// `CURLOPT_HTTPAUTH`); Foundation's `dup` and `posix_spawn` (FileHandle, Process) and the Swift runtime's crash
   /// backtracer never touch a watched descriptor; this code calls none of them.
   private static func makeBase() throws(EventLoopError) -> OpaquePointer {
-    guard let config = event_config_new() else { throw EventLoopError(operation: "event_config_new") }
+    let config = try LibeventCall.check(event_config_new(), "event_config_new")
     defer { event_config_free(config) }
-    _ = event_config_set_flag(config, Int32(EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST.rawValue))
+    // Fails only for an unknown flag: a build against the wrong libevent, not a runtime condition.
+    LibeventCall.invariant(
+      event_config_set_flag(config, Int32(EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST.rawValue)), "event_config_set_flag")
     return try LibeventCall.check(event_base_new_with_config(config), "event_base_new_with_config")
   }
 

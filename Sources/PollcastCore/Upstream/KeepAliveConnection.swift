@@ -275,7 +275,8 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     }
     exchange.onConnection(target: target, method: method, owner: self)
     current = exchange
-    armDeadline(for: exchange)
+    let socketOpen = evhttp_connection_get_bufferevent(connection).map { bufferevent_getfd($0) >= 0 } ?? false
+    armDeadline(for: exchange, connecting: !socketOpen)
     issue(exchange, on: connection)
   }
 
@@ -345,6 +346,13 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   fileprivate func retryOnFreshConnection(_ exchange: PendingExchange) -> Bool {
     guard current === exchange, exchange.onKeptSocket, !exchange.retried, let connection else { return false }
     exchange.retried = true
+    // The retry opens a fresh connection: its connect is watched again, within what is left of the total.
+    let request = exchange.request
+    let left = request.timeout - (MonotonicClock.seconds() - exchange.started)
+    if request.connectTimeout < left {
+      exchange.checkingConnect = true
+      deadline?.schedule(after: max(0.001, request.connectTimeout))
+    }
     issue(exchange, on: connection)
     return true
   }
@@ -352,13 +360,15 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   private static let userAgent = "pollcast/\(PollcastVersion.current)"
 
   /// One timer per connection, re-armed per exchange: first at the connect deadline (is the socket connected by
-  /// then?), then at the total deadline.
-  private func armDeadline(for exchange: PendingExchange) {
+  /// then?) when `connecting`, then at the total deadline. A request on a kept socket, already connected, has only
+  /// the total deadline: checking the connect made the timer fire once more for every poll held longer than the
+  /// connect timeout (a wake-up, a `getpeername` and a re-arm per poll).
+  private func armDeadline(for exchange: PendingExchange, connecting: Bool) {
     if deadline == nil {
       deadline = LoopTimer(loop: loop) { [weak self] in self?.deadlinePassed() }
     }
     let request = exchange.request
-    exchange.checkingConnect = request.connectTimeout < request.timeout
+    exchange.checkingConnect = connecting && request.connectTimeout < request.timeout
     deadline?.schedule(after: max(0.001, exchange.checkingConnect ? request.connectTimeout : request.timeout))
   }
 

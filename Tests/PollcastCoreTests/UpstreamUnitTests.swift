@@ -93,6 +93,19 @@ import Testing
     #expect(try RawJSON.parse(#""\ud83d\ude00""#).stringValue == "😀")
   }
 
+  @Test func stringsKeepRunsAroundEscapes() throws {
+    #expect(try RawJSON.parse(#""plain ascii, no escape""#).stringValue == "plain ascii, no escape")
+    #expect(try RawJSON.parse(#""é中😀""#).stringValue == "é中😀")
+    #expect(try RawJSON.parse(#""""#).stringValue == "")
+    #expect(try RawJSON.parse(#""\n""#).stringValue == "\n")
+    #expect(
+      try RawJSON.parse(#""é \"q\" \\ \/ \b\f\n\r\t \u00e9\ud83d\ude00 tail 中""#).stringValue
+        == "é \"q\" \\ / \u{08}\u{0C}\n\r\t é😀 tail 中")
+    let object = try RawJSON.parse(#"{"k\u0065y":"v\nw","x":"long enough to need storage of its own"}"#)
+    #expect(object["key"]?.stringValue == "v\nw")
+    #expect(object["x"]?.stringValue == "long enough to need storage of its own")
+  }
+
   @Test(arguments: [
     "", "{", "{\"a\":}", "[1,]", "{\"a\" 1}", "tru", "01", "1.", "-", "\"unterminated", "\"\\x\"", "\"\\ud800\"",
     "{} x", "\"a\u{01}b\"", String(repeating: "[", count: 300) + String(repeating: "]", count: 299),

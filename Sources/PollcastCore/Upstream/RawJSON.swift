@@ -206,58 +206,67 @@ public struct RawJSON: Sendable {
       return String(Substring(document)[start..<index])
     }
 
+    /// A string's value. Most strings have no escape: their bytes are copied once, straight from the document
+    /// (a small one not at all). With escapes, the runs between them are appended as UTF-8, not scalar by scalar.
     mutating func parseString() throws(RawJSONError) -> String {
       advance()  // opening quote
-      var scalars = String.UnicodeScalarView()
+      var text = ""
+      var escaped = false
       var runStart = index
-      func flush(_ end: String.UTF8View.Index) {
-        scalars.append(contentsOf: Substring(document)[runStart..<end].unicodeScalars)
-      }
       while true {
         guard let byte = current else { throw error("unterminated string") }
         switch byte {
         case UInt8(ascii: "\""):
-          flush(index)
+          let run = Substring(document)[runStart..<index]
           advance()
-          return String(scalars)
+          guard escaped else { return String(run) }
+          text += run
+          return text
         case UInt8(ascii: "\\"):
-          flush(index)
+          text += Substring(document)[runStart..<index]
+          escaped = true
           advance()
-          guard let escaped = current else { throw error("unterminated escape") }
+          guard let escape = current else { throw error("unterminated escape") }
           advance()
-          switch escaped {
-          case UInt8(ascii: "\""): scalars.append("\"")
-          case UInt8(ascii: "\\"): scalars.append("\\")
-          case UInt8(ascii: "/"): scalars.append("/")
-          case UInt8(ascii: "b"): scalars.append("\u{08}")
-          case UInt8(ascii: "f"): scalars.append("\u{0C}")
-          case UInt8(ascii: "n"): scalars.append("\n")
-          case UInt8(ascii: "r"): scalars.append("\r")
-          case UInt8(ascii: "t"): scalars.append("\t")
-          case UInt8(ascii: "u"):
-            var code = try hex4()
-            if (0xD800..<0xDC00).contains(code) {
-              guard current == UInt8(ascii: "\\") else { throw error("lone high surrogate") }
-              advance()
-              guard current == UInt8(ascii: "u") else { throw error("lone high surrogate") }
-              advance()
-              let low = try hex4()
-              guard (0xDC00..<0xE000).contains(low) else { throw error("invalid low surrogate") }
-              code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
-            } else if (0xDC00..<0xE000).contains(code) {
-              throw error("lone low surrogate")
-            }
-            guard let scalar = Unicode.Scalar(code) else { throw error("invalid \\u escape") }
-            scalars.append(scalar)
-          default:
-            throw error("invalid escape")
-          }
+          text.unicodeScalars.append(try unescaped(escape))
           runStart = index
         case 0..<0x20:
           throw error("control character in string")
         default:
           advance()
         }
+      }
+    }
+
+    /// The scalar an escape stands for, `escape` being the byte after its backslash (a `\u` escape's digits, and a
+    /// surrogate pair's second half, are read here).
+    mutating func unescaped(_ escape: UInt8) throws(RawJSONError) -> Unicode.Scalar {
+      switch escape {
+      case UInt8(ascii: "\""): return "\""
+      case UInt8(ascii: "\\"): return "\\"
+      case UInt8(ascii: "/"): return "/"
+      case UInt8(ascii: "b"): return "\u{08}"
+      case UInt8(ascii: "f"): return "\u{0C}"
+      case UInt8(ascii: "n"): return "\n"
+      case UInt8(ascii: "r"): return "\r"
+      case UInt8(ascii: "t"): return "\t"
+      case UInt8(ascii: "u"):
+        var code = try hex4()
+        if (0xD800..<0xDC00).contains(code) {
+          guard current == UInt8(ascii: "\\") else { throw error("lone high surrogate") }
+          advance()
+          guard current == UInt8(ascii: "u") else { throw error("lone high surrogate") }
+          advance()
+          let low = try hex4()
+          guard (0xDC00..<0xE000).contains(low) else { throw error("invalid low surrogate") }
+          code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
+        } else if (0xDC00..<0xE000).contains(code) {
+          throw error("lone low surrogate")
+        }
+        guard let scalar = Unicode.Scalar(code) else { throw error("invalid \\u escape") }
+        return scalar
+      default:
+        throw error("invalid escape")
       }
     }
 

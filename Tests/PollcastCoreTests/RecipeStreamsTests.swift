@@ -259,4 +259,17 @@ import Testing
       prefix: prefix)
     #expect(fast.url == "http://127.0.0.1:9/api/messages/poll?timeout=25&token=t&cursor=202%3A7%2C101%3A5")
   }
+
+  @Test func queryMembersFollowTheURLsOwnQuery() {
+    var url = "http://h/p"
+    RecipeRequest.appendQuery([], to: &url)
+    #expect(url == "http://h/p")
+    RecipeRequest.appendQuery(["a=1", "b=%C3%A9"], to: &url)
+    #expect(url == "http://h/p?a=1&b=%C3%A9")
+    RecipeRequest.appendQuery(["c="], to: &url)
+    #expect(url == "http://h/p?a=1&b=%C3%A9&c=")
+    var unicode = "http://h/é?x=1"
+    RecipeRequest.appendQuery(["y=2"], to: &unicode)
+    #expect(unicode == "http://h/é?x=1&y=2")
+  }
 }

@@ -630,9 +630,23 @@ enum RecipeRequest {
     return "\(encodeQueryValue(name))=\(try template.render(scope, .encoded))"
   }
 
-  /// Appends query members to a URL, after `?` or, when it has a query already, `&`.
+  /// Appends query members to a URL, after `?` or, when it has a query already, `&`. The result is made once, at its
+  /// final length: an account keeps its poll's URL (and the session's fixed prefix) while the poll hangs, and `+=`
+  /// of a joined string allocated three times and grew the URL's storage by doubling (160 bytes for 70).
   static func appendQuery(_ members: [String], to url: inout String) {
-    if !members.isEmpty { url += (url.containsASCII(UInt8(ascii: "?")) ? "&" : "?") + members.joined(separator: "&") }
+    guard !members.isEmpty else { return }
+    var length = url.utf8.count
+    for member in members { length += 1 + member.utf8.count }
+    var joined = String()
+    joined.reserveCapacity(length)
+    joined += url
+    var separator = url.containsASCII(UInt8(ascii: "?")) ? "&" : "?"
+    for member in members {
+      joined += separator
+      joined += member
+      separator = "&"
+    }
+    url = joined
   }
 
   /// A step's URL with its query members that do not depend on the cursor, rendered in `scope` (a session's), and

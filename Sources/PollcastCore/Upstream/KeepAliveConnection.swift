@@ -168,9 +168,14 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
 
   /// True when the connection holds an open socket to `target`'s address (kept from an earlier exchange).
   func holdsOpenSocket(to target: Target) -> Bool {
-    guard connectedTarget == target, let connection, let event = evhttp_connection_get_bufferevent(connection) else {
-      return false
-    }
+    guard connectedTarget == target, let connection else { return false }
+    return Self.hasOpenSocket(connection)
+  }
+
+  /// True when `connection` holds an open socket: one kept, connected, from an earlier exchange (evhttp closes it
+  /// and forgets the descriptor when the server closes an idle one, or after a failure or a cancel).
+  private static func hasOpenSocket(_ connection: OpaquePointer) -> Bool {
+    guard let event = evhttp_connection_get_bufferevent(connection) else { return false }
     return bufferevent_getfd(event) >= 0
   }
 
@@ -275,8 +280,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     }
     exchange.onConnection(target: target, method: method, owner: self)
     current = exchange
-    let socketOpen = evhttp_connection_get_bufferevent(connection).map { bufferevent_getfd($0) >= 0 } ?? false
-    armDeadline(for: exchange, connecting: !socketOpen)
+    armDeadline(for: exchange, connecting: !Self.hasOpenSocket(connection))
     issue(exchange, on: connection)
   }
 
@@ -318,9 +322,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     }
     exchange.raw = raw
     exchange.errorCode = nil
-    // A socket already open is a connection kept from an earlier exchange (evhttp closes it and forgets the
-    // descriptor when the server closes an idle one, or after a failure).
-    exchange.onKeptSocket = evhttp_connection_get_bufferevent(connection).map { bufferevent_getfd($0) >= 0 } ?? false
+    exchange.onKeptSocket = Self.hasOpenSocket(connection)
     requestsSent += 1
     // On -1 the request is freed and its callback may have run already: `current` tells.
     if evhttp_make_request(connection, raw, exchange.method, String(target.path)) != 0, current === exchange {
@@ -346,30 +348,26 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   fileprivate func retryOnFreshConnection(_ exchange: PendingExchange) -> Bool {
     guard current === exchange, exchange.onKeptSocket, !exchange.retried, let connection else { return false }
     exchange.retried = true
-    // The retry opens a fresh connection: its connect is watched again, within what is left of the total.
-    let request = exchange.request
-    let left = request.timeout - (MonotonicClock.seconds() - exchange.started)
-    if request.connectTimeout < left {
-      exchange.checkingConnect = true
-      deadline?.schedule(after: max(0.001, request.connectTimeout))
-    }
+    armDeadline(for: exchange, connecting: true)  // a fresh connection: its connect is watched again
     issue(exchange, on: connection)
     return true
   }
 
   private static let userAgent = "pollcast/\(PollcastVersion.current)"
 
-  /// One timer per connection, re-armed per exchange: first at the connect deadline (is the socket connected by
-  /// then?) when `connecting`, then at the total deadline. A request on a kept socket, already connected, has only
-  /// the total deadline: checking the connect made the timer fire once more for every poll held longer than the
-  /// connect timeout (a wake-up, a `getpeername` and a re-arm per poll).
+  /// One timer per connection, re-armed per exchange (and for its retry): first at the connect deadline (is the
+  /// socket connected by then?) when `connecting`, then at the total deadline, counted from the exchange's start. A
+  /// request on a kept socket, already connected, has only the total deadline: checking the connect made the timer
+  /// fire once more for every poll held longer than the connect timeout (a wake-up, a `getpeername` and a re-arm
+  /// per poll).
   private func armDeadline(for exchange: PendingExchange, connecting: Bool) {
     if deadline == nil {
       deadline = LoopTimer(loop: loop) { [weak self] in self?.deadlinePassed() }
     }
     let request = exchange.request
-    exchange.checkingConnect = connecting && request.connectTimeout < request.timeout
-    deadline?.schedule(after: max(0.001, exchange.checkingConnect ? request.connectTimeout : request.timeout))
+    let left = exchange.timeLeft
+    exchange.checkingConnect = connecting && request.connectTimeout < left
+    deadline?.schedule(after: max(0.001, exchange.checkingConnect ? request.connectTimeout : left))
   }
 
   private func deadlinePassed() {
@@ -378,8 +376,7 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
     if exchange.checkingConnect {
       exchange.checkingConnect = false
       if isConnected() {
-        let left = request.timeout - (MonotonicClock.seconds() - exchange.started)
-        deadline?.schedule(after: max(0.001, left))
+        deadline?.schedule(after: max(0.001, exchange.timeLeft))
         return
       }
       exchange.failedBeforeConnecting = true
@@ -518,6 +515,9 @@ class PendingExchange: @unchecked Sendable {  // loop-confined
   fileprivate var failedBeforeConnecting = false
 
   init(_ request: UpstreamRequest) { self.request = request }
+
+  /// What is left of the request's total time, counted from when the kept connection took it.
+  fileprivate var timeLeft: Double { request.timeout - (MonotonicClock.seconds() - started) }
 
   fileprivate func onConnection(
     target: KeepAliveConnection.Target, method: evhttp_cmd_type, owner: KeepAliveConnection

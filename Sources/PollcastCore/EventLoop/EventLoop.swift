@@ -16,6 +16,10 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   /// The libevent base. Touch it only on the loop thread (or before `start()`).
   public let base: OpaquePointer
   private let pending = Locked<[UnownedJob]>([])
+  /// The last drained batch's buffer, emptied and kept for the next pass (loop thread only): swapped with `pending`,
+  /// it takes the queued jobs without allocating. Taking them as a copy and emptying `pending` in place allocated a
+  /// new buffer on every pass, several times a poll cycle.
+  private var spare: [UnownedJob] = []
   private var wakeEvent: OpaquePointer?
   private let loopThreadID = Atomic<UInt>(0)
   private let state = Locked<State>(.idle)
@@ -132,9 +136,14 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
 
   public func enqueue(_ job: consuming ExecutorJob) {
     let unowned = UnownedJob(job)
-    pending.withLock { $0.append(unowned) }
-    // event_active is thread-safe once evthread_use_pthreads() ran; repeated activations coalesce.
-    event_active(wakeEvent, 0, 0)
+    let first = pending.withLock { jobs -> Bool in
+      jobs.append(unowned)
+      return jobs.count == 1
+    }
+    // event_active is thread-safe once evthread_use_pthreads() ran. Only the job that makes the queue non-empty
+    // activates the wake event: a later one finds it active, or the pass running now takes the job (it drains until
+    // it sees the queue empty, and the next job after that is a first one again). Activating takes the base's lock.
+    if first { event_active(wakeEvent, 0, 0) }
   }
 
   public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
@@ -174,20 +183,20 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
       if took > longestJobPass { longestJobPass = took }
       if took > EventLoop.slowJobPass { slowJobPasses += 1 }
     }
-    // Jobs enqueued while draining are run in the same pass; the batch is swapped out so that enqueue()
-    // from other threads never waits for a job to finish.
+    // Jobs enqueued while draining are run in the same pass; the batch is swapped out so that enqueue() from other
+    // threads never waits for a job to finish. Every job runs isolated to the loop and with the loop as its task
+    // executor: a job of a task that prefers the loop then enters a loop actor without a switch, and its
+    // nonisolated code stays on this thread.
+    let executor = asUnownedSerialExecutor()
+    let taskExecutor = asUnownedTaskExecutor()
+    var batch: [UnownedJob] = []
+    swap(&batch, &spare)
+    defer { spare = batch }
     while true {
-      let batch = pending.withLock { jobs -> [UnownedJob] in
-        let taken = jobs
-        jobs.removeAll(keepingCapacity: true)
-        return taken
-      }
+      pending.withLock { swap(&$0, &batch) }
       if batch.isEmpty { return }
-      // Every job runs isolated to the loop and with the loop as its task executor: a job of a task that prefers
-      // the loop then enters a loop actor without a switch, and its nonisolated code stays on this thread.
-      let executor = asUnownedSerialExecutor()
-      let taskExecutor = asUnownedTaskExecutor()
       for job in batch { job.runSynchronously(isolatedTo: executor, taskExecutor: taskExecutor) }
+      batch.removeAll(keepingCapacity: true)
     }
   }
 }

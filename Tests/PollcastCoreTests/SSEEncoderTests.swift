@@ -86,4 +86,21 @@ import Testing
       #expect(events.map(\.data) == ["a\nb", "c"], "split at \(split)")
     }
   }
+
+  /// A text with nothing to escape is appended whole; one with something to escape goes scalar by scalar. Both must
+  /// give JSON that reads back as the text (U+2028 and U+2029 escaped too: JavaScript source forbade them raw).
+  @Test(arguments: [
+    "plain", "", "a\"b", "back\\slash", "tab\tand\nbreak\r", "\u{01}\u{1F}", "line\u{2028}para\u{2029}", "euro € sign",
+    "ünïcödé ✓ 😀", "\u{7F}del",
+  ])
+  func quotedTextReadsBackAsItself(text: String) throws {
+    let quoted = JSONText.quoted(text)
+    #expect(quoted.hasPrefix("\"") && quoted.hasSuffix("\""))
+    #expect(!quoted.unicodeScalars.contains { $0.value < 0x20 || $0.value == 0x2028 || $0.value == 0x2029 })
+    #expect(try RawJSON.parse("{\"v\":\(quoted)}")["v"]?.stringValue == text)
+    var appended = "x"
+    JSONText.appendQuoted(text, to: &appended)
+    #expect(appended == "x" + quoted)
+    #expect(JSONText.object(["k": quoted, "n": "1"]) == "{\"k\":\(quoted),\"n\":1}")
+  }
 }

@@ -3,23 +3,35 @@
 public enum JSONText {
   /// `"…"` with every character JSON requires escaped.
   public static func quoted(_ text: String) -> String {
-    var out = "\""
+    var out = ""
     out.reserveCapacity(text.utf8.count + 2)
-    for scalar in text.unicodeScalars {
-      switch scalar {
-      case "\"": out += "\\\""
-      case "\\": out += "\\\\"
-      case "\n": out += "\\n"
-      case "\r": out += "\\r"
-      case "\t": out += "\\t"
-      case let s where s.value < 0x20 || s.value == 0x2028 || s.value == 0x2029:
-        let hex = String(s.value, radix: 16)
-        out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-      default: out.unicodeScalars.append(scalar)
+    appendQuoted(text, to: &out)
+    return out
+  }
+
+  /// Appends `"…"` with every character JSON requires escaped. A text with nothing to escape (the usual one: no
+  /// quote, backslash or control character, and no U+2028 or U+2029, whose UTF-8 starts with 0xE2) is appended
+  /// whole, not scalar by scalar.
+  public static func appendQuoted(_ text: String, to out: inout String) {
+    out += "\""
+    if text.utf8.allSatisfy({ $0 >= 0x20 && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") && $0 != 0xE2 }) {
+      out += text
+    } else {
+      for scalar in text.unicodeScalars {
+        switch scalar {
+        case "\"": out += "\\\""
+        case "\\": out += "\\\\"
+        case "\n": out += "\\n"
+        case "\r": out += "\\r"
+        case "\t": out += "\\t"
+        case let s where s.value < 0x20 || s.value == 0x2028 || s.value == 0x2029:
+          let hex = String(s.value, radix: 16)
+          out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+        default: out.unicodeScalars.append(scalar)
+        }
       }
     }
     out += "\""
-    return out
   }
 
   /// An object from ordered key/value pairs whose values are already JSON text.
@@ -30,12 +42,16 @@ public enum JSONText {
   /// An object from ordered key/value pairs whose values are already JSON text.
   public static func object(_ pairs: [(String, String)]) -> String {
     var out = "{"
+    out.reserveCapacity(pairs.reduce(2) { $0 + $1.0.utf8.count + $1.1.utf8.count + 4 })
     var first = true
     for (key, value) in pairs {
       if !first { out += "," }
       first = false
-      out += quoted(key) + ":" + value
+      appendQuoted(key, to: &out)
+      out += ":"
+      out += value
     }
-    return out + "}"
+    out += "}"
+    return out
   }
 }

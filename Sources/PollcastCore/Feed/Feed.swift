@@ -186,6 +186,13 @@ public actor Feed {
     return batch.events.map(\.id)
   }
 
+  /// `publish(_:)` for a caller that needs no ids back (the upstream worker): no array of them made per batch.
+  func publishDiscardingIDs(_ events: [FeedEvent]) {
+    precondition(!store.isDurable, "a durable feed publishes through publish(_:position:)")
+    guard let batch = prepare(events) else { return }
+    reveal(batch)
+  }
+
   /// Publishes `events` (possibly none) with the upstream `position` that produced them: the store commits both
   /// in one step, and only then do the events enter the ring and reach subscribers. On a store error nothing is
   /// visible, the ids are handed back when no later batch took ids meanwhile, and the caller keeps its old
@@ -255,18 +262,15 @@ public actor Feed {
 
   func prepare(_ events: [FeedEvent]) -> PreparedBatch? {
     guard !events.isEmpty else { return nil }
-    var assigned: [UInt64] = []
-    assigned.reserveCapacity(events.count)
-    var bounds: [(offset: Int, count: Int)] = []
-    bounds.reserveCapacity(events.count)
+    var placed: [(id: UInt64, offset: Int, count: Int)] = []
+    placed.reserveCapacity(events.count)
     let batchBytes = BroadcastBytes { bytes in
       bytes.reserveCapacity(bytes.count + events.reduce(0) { $0 + $1.data.utf8.count + 64 })
       for event in events {
         let id = ids.next()
         let offset = bytes.count
         SSEEncoder.appendEvent(id: id, type: event.type, data: event.data, to: &bytes)
-        assigned.append(id)
-        bounds.append((offset, bytes.count - offset))
+        placed.append((id, offset, bytes.count - offset))
       }
     }
     let block = batchBytes.payload.block
@@ -275,9 +279,9 @@ public actor Feed {
     var batch: [PreparedEvent] = []
     batch.reserveCapacity(events.count)
     for (index, event) in events.enumerated() {
+      let (id, offset, count) = placed[index]
       let entry = ReplayRing.Entry(
-        id: assigned[index], stream: event.stream,
-        slice: ByteSlice(block: block, offset: bounds[index].offset, count: bounds[index].count), time: now)
+        id: id, stream: event.stream, slice: ByteSlice(block: block, offset: offset, count: count), time: now)
       batch.append(PreparedEvent(entry: entry, upstreamID: event.upstreamID, unixTime: unixNow, type: event.type))
     }
     return PreparedBatch(events: batch, whole: batchBytes)
@@ -288,7 +292,8 @@ public actor Feed {
     // With a shared store (`redis`), a node that stepped down follows the stream from its visible head, and a
     // commit it made just before may come back that way too: whichever shows an id first wins.
     guard let newest = prepared.events.last?.id, newest > visibleHead else { return }
-    let batch = prepared.events.filter { $0.id > visibleHead }
+    // Ids rise within a batch: when its first is new, all are (the usual case: no filtered copy).
+    let batch = prepared.events[0].id > visibleHead ? prepared.events : prepared.events.filter { $0.id > visibleHead }
     guard batch.count == prepared.events.count else {
       followed(
         batch.map { StoredEvent(id: $0.id, stream: $0.stream, upstreamID: nil, unixTime: 0, bytes: $0.entry.slice) })

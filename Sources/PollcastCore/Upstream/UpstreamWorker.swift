@@ -686,7 +686,7 @@ public actor UpstreamWorker {
 
   /// The feed shares this worker's loop: publishing is a plain call, no hop.
   private func publish(_ events: [FeedEvent]) {
-    _ = feed.assumeIsolated { $0.publish(events) }
+    feed.assumeIsolated { $0.publishDiscardingIDs(events) }
   }
 
   /// Waits `delay` seconds before the next poll, because the last ones came back at once with nothing new. False

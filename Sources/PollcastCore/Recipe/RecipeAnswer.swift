@@ -45,7 +45,8 @@ enum RecipeAnswer {
   struct PollVerdict {
     var action: PollAction
     var rule: String?
-    /// Opaque cursors: each message's dedupe key (nil: none), in the order of the answer's one batch.
+    /// Opaque cursors with `cursor.dedupe`: each message's dedupe key (nil: none), in the order of the answer's one
+    /// batch. Empty for any other recipe (read as nil for every message).
     var keys: [String?] = []
     /// A fetch step's answer says there is more (`fetch.repeat_while`): fetch again from its cursor.
     var more = false
@@ -520,6 +521,7 @@ enum RecipeAnswer {
       if let token { context.scope.token = token }
     }
     var messages: [UpstreamMessage] = []
+    messages.reserveCapacity(elements.count)
     /// Several streams: each message's stream, in the order of `messages`.
     var messageStreams: [String] = []
     var keys: [String?] = []
@@ -562,16 +564,16 @@ enum RecipeAnswer {
       let repaired =
         repairedText?.repaired(offset: element.offset, count: element.text.count) ?? !text.repairs.isEmpty
       messages.append(UpstreamMessage(id: id, raw: element.rawText, repaired: repaired, label: opaque ? shown : nil))
-      messageStreams.append(stream)
-      if opaque, let dedupe = recipe.cursor.dedupe {
-        keys.append(dedupeKey(element, dedupe.keys))
-      } else {
-        keys.append(nil)
-      }
+      if spec.stream != nil { messageStreams.append(stream) }
+      // Only a recipe that dedupes has keys (one per message); for any other, `keys` stays empty (every key nil).
+      if opaque, let dedupe = recipe.cursor.dedupe { keys.append(dedupeKey(element, dedupe.keys)) }
     }
     if opaque {
       answer.batches.append((recipe.stream, messages))  // the API's order: numbered in it later
       if let token { answer.tokens[recipe.stream] = token }
+    } else if spec.stream != nil, listed.count == 1, messageStreams.allSatisfy({ $0 == listed[0] }) {
+      // An object keyed by stream that names one (the usual answer: the stream with news): its batch as it is.
+      answer.batches.append((listed[0], messages.inIDOrder))
     } else if spec.stream != nil {
       // One batch per stream, in the answer's order (a listed stream with no event too). A stream's batch is found
       // by a scan while there are few (an answer names one or two: no hashing, no table), by a map once there are

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What a per-user account holds, by owner: the relay under heaptrack (Debian `heaptrack`) with ACCOUNTS accounts of
 # one subscriber each, a message to each in turn, then the live heap at the steady state, grouped by libcurl (per
-# transfer and per multi handle), Swift task slabs (each account's suspended poll cycle), libevent, and the rest.
+# transfer and per multi handle), Swift task slabs (each account's suspended poll cycle), libevent, and the rest;
+# then the allocations a message costs (one answered poll, one delivery), by the first owner named in their stacks
+# (in the order listed: an allocation under both the feed and the event loop counts for the feed).
 # Usage: Benchmarks/account-heap.sh [ACCOUNTS=2000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,3 +37,6 @@ python3 Benchmarks/heap_live.py "$recording" "$at_ms" curl_multi_socket_action c
   bufferevent_socket_new swift_task_create SSEConnection
 echo "task-allocator slabs by what opened them (four per account: the frames of the hanging poll's chain):"
 python3 Benchmarks/heap_live.py --slabs "$recording" "$at_ms"
+echo "allocations per message over the last 70 % of the message phase (one answered poll and one delivery each), by owner:"
+python3 Benchmarks/heap_live.py --allocations "$recording" $((at_ms - 7 * accounts / 2)) "$at_ms" 200 RecipeAnswer \
+  RawJSON evhttp KeepAliveConnection UpstreamClient RecipeAdapter Feed UpstreamWorker CursorBook SSEConnection EventLoop

@@ -3,6 +3,7 @@
 
 Usage: Benchmarks/heap_live.py RECORDING.zst AT_MS [FRAME ...]
        Benchmarks/heap_live.py --slabs RECORDING.zst AT_MS
+       Benchmarks/heap_live.py --allocations RECORDING.zst FROM_MS AT_MS RATE [FRAME ...]
 
 Replays heaptrack's own event stream (allocations, frees, traces; `zstd -dc`) up to AT_MS, then prints the bytes
 still allocated, grouped by the first of FRAME (substrings of function names) found in each allocation's stack,
@@ -13,6 +14,10 @@ the steady state.
 With --slabs, only Swift task-allocator slabs (each task keeps the slabs of the deepest chain of async frames it
 ever needed), grouped by what opened each slab: the async function whose callee's frame did not fit in the slab
 before, or the runtime's own record (`pushInitialTaskExecutorPreference`, `swift_continuation_await`).
+
+With --allocations, the allocations made from FROM_MS to AT_MS (a window of the message phase, RATE messages a
+second) per message, grouped by the first of FRAME found in each allocation's stack: what a message costs the
+allocator, a count that does not move with the machine's noise.
 """
 import collections
 import subprocess
@@ -21,17 +26,23 @@ import sys
 
 def main():
     slabs = sys.argv[1] == "--slabs"
-    args = sys.argv[2:] if slabs else sys.argv[1:]
+    counting = sys.argv[1] == "--allocations"
+    args = sys.argv[2:] if slabs or counting else sys.argv[1:]
+    from_ms = float(args.pop(1)) if counting else 0
     path, at_ms = args[0], float(args[1])
+    rate = float(args.pop(2)) if counting else 0
     keys = args[2:]
     strings, ips, traces, allocs = [None], [None], [None], []
     live = collections.Counter()
+    made = collections.Counter()
     proc = subprocess.Popen(["zstd", "-dc", path], stdout=subprocess.PIPE, text=True)
     now = 0
     for line in proc.stdout:
         kind = line[0]
         if kind == "+":
             live[int(line[2:], 16)] += 1
+            if now >= from_ms:
+                made[int(line[2:], 16)] += 1
         elif kind == "-":
             live[int(line[2:], 16)] -= 1
         elif kind == "a":
@@ -59,6 +70,18 @@ def main():
             found.append(ips[ip] or "?")
             trace = parent
         return found
+
+    if counting:
+        messages = rate * (now - from_ms) / 1000
+        groups = collections.Counter()
+        for index, count in made.items():
+            stack = frames(allocs[index][1])
+            groups[next((key for key in keys if any(key in frame for frame in stack)), "other")] += count
+        print(f"allocations from {from_ms:.0f} to {now} ms: {sum(made.values())}, "
+              f"{sum(made.values()) / messages:.1f} per message ({messages:.0f} messages at {rate:g}/s)")
+        for label, count in groups.most_common():
+            print(f"{count / messages:8.1f}  {label}")
+        return
 
     groups = collections.defaultdict(collections.Counter)
     total = 0

@@ -35,7 +35,7 @@ recording=$(ls "$work"/relay*.zst)
 echo "accounts: $accounts (one subscriber each); live heap near the end of the run, by owner:"
 python3 Benchmarks/heap_live.py "$recording" "$at_ms" curl_multi_socket_action curl_easy_init StackAllocator \
   bufferevent_socket_new swift_task_create SSEConnection
-echo "task-allocator slabs by what opened them (four per account: the frames of the hanging poll's chain):"
+echo "task-allocator slabs by what opened them (two per account since the thirteenth step: the frames of the hanging poll's chain):"
 python3 Benchmarks/heap_live.py --slabs "$recording" "$at_ms"
 echo "allocations per message over the last 70 % of the message phase (one answered poll and one delivery each), by owner:"
 python3 Benchmarks/heap_live.py --allocations "$recording" $((at_ms - 7 * accounts / 2)) "$at_ms" 200 RecipeAnswer \

@@ -134,18 +134,11 @@ extension UpstreamWorker {
     }
     let backlog = book.isBacklog(message.id, stream: stream)
     if backlog { statistics.backlogMessages += 1 }
-    // {"stream":…,"upstream_id":…,"backlog":…,"message":…}, built in one string of its final size (the pairs of
-    // `JSONText.object` and their concatenations cost six allocations a message).
-    let shown = message.label ?? String(message.id)
-    var data = ""
-    data.reserveCapacity(message.raw.utf8.count + stream.utf8.count + shown.utf8.count + 64)
-    data += "{\"stream\":"
-    JSONText.appendQuoted(stream, to: &data)
-    data += ",\"upstream_id\":"
-    JSONText.appendQuoted(shown, to: &data)
-    data += backlog ? ",\"backlog\":true,\"message\":" : ",\"backlog\":false,\"message\":"
-    data += message.raw
-    data += "}"
-    return FeedEvent(stream: stream, data: data, upstreamID: message.id)
+    return FeedEvent(
+      stream: stream,
+      data: JSONText.object([
+        "stream": JSONText.quoted(stream), "upstream_id": JSONText.quoted(message.label ?? String(message.id)),
+        "backlog": backlog ? "true" : "false", "message": message.raw,
+      ]), upstreamID: message.id)
   }
 }

@@ -180,17 +180,20 @@ public actor Feed {
   /// `publish(_:position:)`, which commits the batch before anyone sees it.
   @discardableResult
   public func publish(_ events: [FeedEvent]) -> [UInt64] {
-    precondition(!store.isDurable, "a durable feed publishes through publish(_:position:)")
-    guard let batch = prepare(events) else { return [] }
-    reveal(batch)
-    return batch.events.map(\.id)
+    publishedBatch(events)?.events.map(\.id) ?? []
   }
 
   /// `publish(_:)` for a caller that needs no ids back (the upstream worker): no array of them made per batch.
   func publishDiscardingIDs(_ events: [FeedEvent]) {
+    _ = publishedBatch(events)
+  }
+
+  /// Publishes `events` to a feed that keeps nothing: the batch revealed, nil for none.
+  private func publishedBatch(_ events: [FeedEvent]) -> PreparedBatch? {
     precondition(!store.isDurable, "a durable feed publishes through publish(_:position:)")
-    guard let batch = prepare(events) else { return }
+    guard let batch = prepare(events) else { return nil }
     reveal(batch)
+    return batch
   }
 
   /// Publishes `events` (possibly none) with the upstream `position` that produced them: the store commits both

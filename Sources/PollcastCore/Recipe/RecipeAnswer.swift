@@ -571,8 +571,9 @@ enum RecipeAnswer {
     if opaque {
       answer.batches.append((recipe.stream, messages))  // the API's order: numbered in it later
       if let token { answer.tokens[recipe.stream] = token }
-    } else if spec.stream != nil, listed.count == 1, messageStreams.allSatisfy({ $0 == listed[0] }) {
-      // An object keyed by stream that names one (the usual answer: the stream with news): its batch as it is.
+    } else if spec.stream != nil, listed.count == 1 {
+      // An object keyed by stream that names one (the usual answer: the stream with news): its batch as it is. Only
+      // an answer keyed by stream lists streams, and each of its events came from a listed one.
       answer.batches.append((listed[0], messages.inIDOrder))
     } else if spec.stream != nil {
       // One batch per stream, in the answer's order (a listed stream with no event too). A stream's batch is found

@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 accounts=${1:-2000}
+rate=200  # messages a second, one to each account in turn
 command -v heaptrack >/dev/null || { echo "needs heaptrack (apt-get install heaptrack)" >&2; exit 69; }
 swift build -c release >/dev/null
 bin=$(swift build -c release --show-bin-path)
@@ -25,7 +26,7 @@ relay=$(grep "listening on" "$work/relay.out" | head -1 | sed 's/.*listening on 
 pid=$(pgrep -f "^$bin/pollcast --listen" | head -1)
 started=$(date +%s.%N)
 "$bin/pollcast-bench" --target "http://$relay/events" --inject "fixture:http://$fixture" --accounts "$accounts" \
-  --subscribers "$accounts" --messages "$accounts" --rate 200 --idle-seconds 0 --connect-batch 200 --sources 16 \
+  --subscribers "$accounts" --messages "$accounts" --rate "$rate" --idle-seconds 0 --connect-batch 200 --sources 16 \
   --relay-pid "$pid" --label heap | grep -E "deliveries|lost" || true
 at_ms=$(python3 -c "import time; print(int((time.time() - $started) * 1000) - 500)")
 kill -INT "$pid"
@@ -38,5 +39,5 @@ python3 Benchmarks/heap_live.py "$recording" "$at_ms" curl_multi_socket_action c
 echo "task-allocator slabs by what opened them (two per account since the thirteenth step: the frames of the hanging poll's chain):"
 python3 Benchmarks/heap_live.py --slabs "$recording" "$at_ms"
 echo "allocations per message over the last 70 % of the message phase (one answered poll and one delivery each), by owner:"
-python3 Benchmarks/heap_live.py --allocations "$recording" $((at_ms - 7 * accounts / 2)) "$at_ms" 200 RecipeAnswer \
+python3 Benchmarks/heap_live.py --allocations "$recording" $((at_ms - 700 * accounts / rate)) "$at_ms" "$rate" RecipeAnswer \
   RawJSON evhttp KeepAliveConnection UpstreamClient RecipeAdapter Feed UpstreamWorker CursorBook SSEConnection EventLoop

@@ -41,7 +41,7 @@ def main():
         kind = line[0]
         if kind == "+":
             live[int(line[2:], 16)] += 1
-            if now >= from_ms:
+            if counting and now >= from_ms:
                 made[int(line[2:], 16)] += 1
         elif kind == "-":
             live[int(line[2:], 16)] -= 1

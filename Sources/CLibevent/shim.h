@@ -40,4 +40,12 @@ static inline struct event *pollcast_evsignal_new(struct event_base *base, int s
 static inline struct evkeyval *pollcast_evkeyvalq_first(struct evkeyvalq *q) { return q->tqh_first; }
 static inline struct evkeyval *pollcast_evkeyval_next(struct evkeyval *kv) { return kv->next.tqe_next; }
 
+/// Asks the CPU to start loading the two cache lines at `p` (a hint: no fault, no effect on results). The fan-out
+/// visits a thousand subscribers' objects once per event, each cold by then; loading the next ones while the
+/// current one is sent overlaps the misses instead of taking them one after another.
+static inline void pollcast_prefetch(const void *p) {
+  __builtin_prefetch(p, 1, 3);
+  __builtin_prefetch((const char *)p + 64, 1, 3);
+}
+
 #endif

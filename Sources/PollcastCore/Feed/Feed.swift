@@ -1,3 +1,4 @@
+import CLibevent
 import Foundation
 
 /// The relay's event hub: assigns ids, keeps the replay ring, and fans every batch out to the subscribers.
@@ -321,7 +322,18 @@ public actor Feed {
 
   func fanOut(_ batch: [ReplayRing.Entry], whole: BroadcastBytes) {
     guard let last = batch.last?.id else { return }
-    for subscriber in subscribers where subscriber.mode == .live && !subscriber.isClosed {
+    // A copy: a slow subscriber cut below leaves `subscribers` during the loop.
+    let list = subscribers
+    for index in list.indices {
+      // Each subscriber's object and its connection's are cold by the next event: ask for them a few subscribers
+      // ahead, so their cache misses overlap the sends before them (two dependent loads: the subscriber first,
+      // its connection once the subscriber has arrived).
+      if index + 8 < list.count { pollcast_prefetch(Unmanaged.passUnretained(list[index + 8]).toOpaque()) }
+      if index + 4 < list.count {
+        pollcast_prefetch(Unmanaged.passUnretained(list[index + 4].sink as AnyObject).toOpaque())
+      }
+      let subscriber = list[index]
+      guard subscriber.mode == .live && !subscriber.isClosed else { continue }
       switch FeedPlan.delivery(of: batch, to: subscriber.streams) {
       case .whole: broadcast(whole, to: subscriber)
       case .slices(let slices): send(slices, to: subscriber)

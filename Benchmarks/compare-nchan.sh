@@ -5,6 +5,7 @@
 #   Benchmarks/compare-nchan.sh [REPEATS=3]       (QUICK=1 for a short smoke run; ONLY=storm-10k for one scenario)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source Benchmarks/servers.sh
 repeats=${1:-3}
 quick=${QUICK:-0}
 
@@ -21,24 +22,14 @@ work=$(mktemp -d /tmp/pollcast-compare.XXXXXX)
 results=Benchmarks/results
 mkdir -p "$results"
 raw="$results/compare-$(date -u +%Y%m%dT%H%M%SZ).txt"
-server_pids=()
-cleanup() { for pid in "${server_pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$work"; }
+STARTED_PIDS=()
+cleanup() { for pid in "${STARTED_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 ulimit -n "$(ulimit -Hn)"
 
-wait_line() { for _ in $(seq 1 200); do grep -q "listening on" "$1" 2>/dev/null && { head -1 "$1" | sed 's/listening on //'; return 0; }; sleep 0.05; done; return 1; }
-
 start_pollcast() {  # sets TARGET INJECT PIDS
-  "$bin/pollcast-legacy-fixture" --listen 127.0.0.1:0 >"$work/fixture.out" 2>/dev/null &
-  server_pids+=($!); fixture_pid=$!
-  taskset -p -c 1 "$fixture_pid" >/dev/null
-  fixture=$(wait_line "$work/fixture.out")
-  taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 --upstream-url "http://$fixture" --upstream-api-key dev-key \
-    --log-level warning --ring-max-events 50000 >"$work/relay.out" 2>"$work/relay.log" &
-  server_pids+=($!); relay_pid=$!
-  relay=$(wait_line "$work/relay.out")
-  for _ in $(seq 1 100); do [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$relay/readyz")" = 200 ] && break; sleep 0.05; done
-  TARGET="http://$relay/events"; INJECT="fixture:http://$fixture"; PIDS=$relay_pid
+  start_relay "$bin" "$work"
+  PIDS=$RELAY_PID
 }
 
 start_nchan() {
@@ -46,13 +37,13 @@ start_nchan() {
   prefix="$work/nginx-$port"; mkdir -p "$prefix"
   sed -e "s|@PREFIX@|$prefix|g" -e "s|@PORT@|$port|g" Benchmarks/nchan.conf.template >"$prefix/nginx.conf"
   taskset -c 0 nginx -c "$prefix/nginx.conf" -p "$prefix" >"$prefix/out.log" 2>&1 &
-  server_pids+=($!); PIDS=$!
+  STARTED_PIDS+=($!); PIDS=$!
   for _ in $(seq 1 100); do curl -s -o /dev/null "http://127.0.0.1:$port/pub?channel=probe" -X POST -d x && break; sleep 0.05; done
   channel="run$RANDOM$RANDOM"
   TARGET="http://127.0.0.1:$port/sub?channel=$channel"; INJECT="publish:http://127.0.0.1:$port/pub?channel=$channel"
 }
 
-stop_servers() { for pid in "${server_pids[@]}"; do kill "$pid" 2>/dev/null || true; done; sleep 0.5; server_pids=(); }
+stop_servers() { for pid in "${STARTED_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; sleep 0.5; STARTED_PIDS=(); }
 
 run() {  # scenario-name target bench-args…
   local scenario=$1 target=$2; shift 2

@@ -8,6 +8,7 @@
 #   BENCH_BIN_DIR=… uses that build of the relay (default: a release build of this checkout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source Benchmarks/servers.sh
 repeats=${1:-3}
 shift || true
 scenario=("$@")
@@ -19,31 +20,15 @@ if [ -z "${BENCH_BIN_DIR:-}" ]; then
 fi
 bin=${BENCH_BIN_DIR:-$(swift build -c release --show-bin-path)}
 work=$(mktemp -d /tmp/pollcast-fanout-floor.XXXXXX)
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$work"; }
+STARTED_PIDS=()
+cleanup() { for pid in "${STARTED_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 ulimit -n "$(ulimit -Hn)"
 cc -O2 -o "$work/fanout-floor" Benchmarks/fanout-floor.c
 
-wait_line() { for _ in $(seq 1 200); do grep -q "listening on" "$1" 2>/dev/null && { head -1 "$1" | sed 's/listening on //'; return 0; }; sleep 0.05; done; return 1; }
-
-start_relay() {  # sets TARGET INJECT PID
-  "$bin/pollcast-legacy-fixture" --listen 127.0.0.1:0 >"$work/fixture.out" 2>/dev/null &
-  pids+=($!)
-  taskset -p -c 1 $! >/dev/null
-  local fixture relay
-  fixture=$(wait_line "$work/fixture.out")
-  taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 --upstream-url "http://$fixture" --upstream-api-key dev-key \
-    --log-level warning --ring-max-events 50000 >"$work/relay.out" 2>"$work/relay.log" &
-  pids+=($!); PID=$!
-  relay=$(wait_line "$work/relay.out")
-  for _ in $(seq 1 100); do [ "$(curl -s -o /dev/null -w '%{http_code}' "http://$relay/readyz")" = 200 ] && break; sleep 0.05; done
-  TARGET="http://$relay/events"; INJECT="fixture:http://$fixture"
-}
-
-start_floor() {
+start_floor() {  # sets TARGET INJECT PID
   taskset -c 0 "$work/fanout-floor" >"$work/floor.out" 2>&1 &
-  pids+=($!); PID=$!
+  STARTED_PIDS+=($!); PID=$!
   local floor
   floor=$(wait_line "$work/floor.out")
   TARGET="http://$floor/events"; INJECT="publish:http://$floor/pub"
@@ -51,12 +36,12 @@ start_floor() {
 
 declare -A figures=([relay]="" [floor]="") users=([relay]="" [floor]="")
 run() {  # relay|floor
-  "start_$1"
+  if [ "$1" = relay ]; then start_relay "$bin" "$work"; PID=$RELAY_PID; else start_floor; fi
   local line cpu
   line=$(taskset -c 1 "$bin/pollcast-bench" --target "$TARGET" --inject "$INJECT" --relay-pid "$PID" --label "$1" \
     "${scenario[@]}" 2>&1 | grep '^SUMMARY' || echo "SUMMARY label=$1 failed=1")
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  pids=(); sleep 0.5
+  for pid in "${STARTED_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  STARTED_PIDS=(); sleep 0.5
   echo "$line"
   cpu=$(sed -n 's/.*cpu_us_per_delivery=\([0-9.]*\).*/\1/p' <<<"$line")
   if [ -z "$cpu" ] || ! grep -q ' lost=0 ' <<<"$line " || ! grep -q ' dup=0 ' <<<"$line "; then

@@ -133,6 +133,7 @@ extension LegacyFixture {
       json(request, #"{"error":"token expired"}"#, status: 401)
       return
     }
+    stats.syncs += 1
     let ids = users(of: session.userID).map { "\(JSONText.quoted($0)):\(store.lastID($0))" }.joined(separator: ",")
     json(request, "{\"last_ids\":{\(ids)}}")
   }
@@ -512,7 +513,8 @@ extension LegacyFixture {
       "polls": String(snapshot.polls), "polls_in_flight": String(snapshot.pollsInFlight),
       "max_concurrent_polls": String(snapshot.maxConcurrentPolls),
       "max_polls_in_flight_per_token": String(snapshot.maxPollsInFlightPerToken),
-      "sessions": String(snapshot.sessions), "unauthorized": String(snapshot.unauthorized),
+      "sessions": String(snapshot.sessions), "syncs": String(snapshot.syncs),
+      "unauthorized": String(snapshot.unauthorized),
       "faults_applied": String(snapshot.faultsApplied), "faults_pending": String(snapshot.faultsPending),
       "linked_user_id": linkedUserID.map(JSONText.quoted) ?? "null",
       "messages": "{\(messages.joined(separator: ","))}",

@@ -48,6 +48,8 @@ public actor LegacyFixture {
     /// The largest number of polls one token had in flight at once.
     public var maxPollsInFlightPerToken = 0
     public var sessions = 0
+    /// `GET /api/messages/last` calls answered (a relay's cursor syncs).
+    public var syncs = 0
     public var unauthorized = 0
     public var faultsApplied = 0
     public var faultsPending = 0

@@ -76,6 +76,23 @@ import Testing
     #expect(book.plan(answer([("a", [7, 8])])).fresh.map(\.message.id) == [8], "7 is stored: a resend")
   }
 
+  /// The periodic sync is for a stream gone silent (a restored database that honours the old cursor): an answer
+  /// that moved every stream's cursor shows the upstream past each of them.
+  @Test func anAnswerMovedEveryStreamOnlyWhenEachCursorMoved() {
+    var book = CursorBook()
+    _ = book.apply(UpstreamPreparation(streams: ["a", "b"], lastIDs: ["a": 5, "b": 0]), startFrom: .latest)
+    var before = book.cursors
+    #expect(!book.movedEveryStream(since: before), "an empty answer moved nothing")
+    let onlyA = book.plan(answer([("a", [6])]))
+    book.stored(onlyA.fresh[...])
+    #expect(!book.movedEveryStream(since: before), "b stayed where it was")
+    before = book.cursors
+    let both = book.plan(answer([("a", [7]), ("b", [1])]))
+    book.stored(both.fresh[...])
+    #expect(book.movedEveryStream(since: before))
+    #expect(!CursorBook().movedEveryStream(since: [:]), "no stream: nothing shows the upstream past anything")
+  }
+
   @Test func idsGoingBackwardsAreRelayedAndTheCursorFollowsOnceSettled() {
     var book = book(start: 5, stored: [6, 7, 8])
     let plan = book.plan(answer([("a", [1, 2, 8])]))

@@ -226,6 +226,37 @@ import Testing
     }
   }
 
+  /// The periodic sync is for a stream gone silent. While every answer moves the stream's cursor, the relay does not
+  /// re-read the upstream's newest ids: that was one more request for most messages at 2,000 accounts. The first
+  /// poll after the interval that comes back empty is followed by a sync.
+  @Test func aBusyStreamIsNotResyncedAndASilentOneIs() async throws {
+    var settings = UpstreamHarness.fastSettings()
+    settings.resyncInterval = 0.3
+    var options = LegacyFixture.Options()
+    options.linkedUserID = nil
+    try await UpstreamHarness.start(fixture: options, settings: settings, hold: 1.5).run { harness in
+      try await harness.waitForState(.live)
+      let client = try TestSSEClient(port: harness.port)
+      try client.waitForHead()
+      try await harness.waitForParkedPoll()
+      let syncsBefore = await harness.fixture.statistics().syncs
+      #expect(syncsBefore >= 1, "the cycle's first sync")
+      for index in 1...10 {
+        await harness.fixture.append(user: "101", texts: ["m\(index)"])
+        try client.waitUntil(timeout: 10, "message \(index)") { $0.relayedMessages.count == index }
+        try await Task.sleep(for: .milliseconds(100))
+      }
+      // Ten answers over more than three intervals, each of them moving the only stream's cursor.
+      #expect(await harness.fixture.statistics().syncs == syncsBefore)
+      #expect(await harness.worker.snapshot().cursors["101"] == 10)
+      let deadline = MonotonicClock.seconds() + 10
+      while await harness.fixture.statistics().syncs == syncsBefore, MonotonicClock.seconds() < deadline {
+        try await Task.sleep(for: .milliseconds(20))
+      }
+      #expect(await harness.fixture.statistics().syncs > syncsBefore, "the empty poll after the interval: a sync")
+    }
+  }
+
   // MARK: Resources
 
   @Test func aSlowlorisConnectionIsClosedAtTheHeaderDeadline() async throws {

@@ -165,7 +165,8 @@ extension Configuration {
       "/readyz wants a poll completed within this window."),
     .double(
       "upstream.resync_interval_seconds", \.upstream.resyncIntervalSeconds,
-      "Re-read the upstream's newest ids (chat) at least this often, so ids that went backwards are noticed."),
+      "Re-read the upstream's newest ids (a sync step) once this long has passed, at the first answer that"
+        + " leaves a stream's cursor where it was, so ids that went backwards are noticed."),
     .double(
       "upstream.min_poll_interval_seconds", \.upstream.minPollIntervalSeconds,
       "Polls that come back sooner than this with nothing new are spaced: at least this long from one poll's start"

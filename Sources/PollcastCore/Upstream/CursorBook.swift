@@ -36,6 +36,16 @@ struct CursorBook: Sendable {
     restored = true
   }
 
+  /// Whether an answer moved the cursor of every polled stream: each of them brought an id above where it stood
+  /// (`before`), so the upstream is past each cursor and a sync of its newest ids would find nothing below them.
+  func movedEveryStream(since before: [String: UInt64]) -> Bool {
+    !streams.isEmpty
+      && streams.allSatisfy { stream in
+        guard let now = cursors[stream] else { return false }
+        return before[stream] != now
+      }
+  }
+
   var position: UpstreamWorker.Position? {
     guard !streams.isEmpty else { return nil }
     var position = UpstreamWorker.Position(streams: streams, cursors: cursors, tokens: tokens, recent: recent)

@@ -395,8 +395,15 @@ public actor UpstreamWorker {
       return .wait(delay)
     }
     // Resync from the upstream's own notion of latest when its ids went backwards, and periodically: a restored
-    // database that honours the old cursor never answers a poll at all.
-    if (wentBackwards || MonotonicClock.seconds() - lastSync >= settings.resyncInterval) && adapter.canSync {
+    // database that honours the old cursor never answers a poll at all, so its stream falls silent. A due check
+    // waits for an answer that leaves some stream's cursor where it was (an empty poll at the latest): an answer
+    // that moved every stream's cursor shows the upstream past each of them, and the sync would be one more
+    // request that finds nothing (at 2,000 accounts, a sync for most of the messages relayed).
+    if adapter.canSync
+      && (wentBackwards
+        || (MonotonicClock.seconds() - lastSync >= settings.resyncInterval
+          && !book.movedEveryStream(since: before.cursors)))
+    {
       return .resync
     }
     return .poll

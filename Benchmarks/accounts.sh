@@ -90,6 +90,6 @@ def med(key):
     return statistics.median(values) if values else float("nan")
 print(f"runs {len(rows)}: median over runs")
 for key in ["max_polls_per_account", "lost", "dup", "foreign", "cpu_us_per_delivery", "p50_ms", "p99_ms",
-            "rss_kb_per_account", "rss_kb_per_extra_sub", "idle_cpu_pct", "lag_max_idle_ms", "lag_max_messages_ms", "deliveries", "connected", "sessions"]:
+            "rss_kb_per_account", "rss_kb_per_extra_sub", "idle_cpu_pct", "lag_max_idle_ms", "lag_max_messages_ms", "deliveries", "connected", "sessions", "fixture_polls", "fixture_syncs"]:
     print(f"  {key}: {med(key):g}   (runs: {', '.join(r.get(key, '?') for r in rows)})")
 PY

@@ -259,10 +259,13 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     summary += report.fields
     if options.accounts > 0, case .fixture(let base) = options.injector, let stats = await fixtureStats(base) {
       print(
-        "fixture: most polls in flight for one account \(stats.maxPerUser) (of \(stats.users) accounts), sessions \(stats.sessions)"
+        "fixture: most polls in flight for one account \(stats.maxPerUser) (of \(stats.users) accounts), sessions \(stats.sessions),"
+          + " polls \(stats.polls), cursor syncs \(stats.syncs) (whole run)"
       )
       summary.append(("max_polls_per_account", String(stats.maxPerUser)))
       summary.append(("sessions", String(stats.sessions)))
+      summary.append(("fixture_polls", String(stats.polls)))
+      summary.append(("fixture_syncs", String(stats.syncs)))
     }
     if let cpuBefore, let cpuAfter, report.deliveries > 0 {
       let perDelivery = (cpuAfter.cpuSeconds - cpuBefore.cpuSeconds) / Double(report.deliveries) * 1e6
@@ -616,12 +619,17 @@ struct FixtureStats {
   var sessions: Int
   var users: Int
   var maxPerUser: Int
+  /// Polls received and `GET /api/messages/last` calls answered, over the fixture's life.
+  var polls = 0
+  var syncs = 0
 
   static func parse(_ text: String) -> FixtureStats? {
     guard let json = try? RawJSON.parse(text) else { return nil }
     var stats = FixtureStats(
       pollsInFlight: Int(json["polls_in_flight"]?.unsignedID ?? 0), sessions: Int(json["sessions"]?.unsignedID ?? 0),
       users: 0, maxPerUser: 0)
+    stats.polls = Int(json["polls"]?.unsignedID ?? 0)
+    stats.syncs = Int(json["syncs"]?.unsignedID ?? 0)
     if let users = json["users"], case .object(let members) = users.value {
       stats.users = members.count
       for (_, user) in members {

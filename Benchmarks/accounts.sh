@@ -40,6 +40,13 @@ if ! python3 -c "import sys; sys.exit(0 if float('$idle') > 2 * float('$hold') e
   echo "IDLE_SECONDS ($idle) must be longer than two poll holds (2 × $hold s): the idle figure would hold no re-poll" >&2
   exit 64
 fi
+# The relay re-reads a silent stream's newest ids once upstream.resync_interval_seconds (60) have passed since the
+# last sync, at its next empty poll: an idle window shorter than that plus one hold holds no such sync, and the
+# message phase that follows then holds the first wave of them (every account connected at once).
+if ! python3 -c "import sys; sys.exit(0 if float('$idle') >= 60 + float('$hold') else 1)"; then
+  echo "note: the idle window ($idle s) holds no periodic cursor sync (60 s + one hold); the message phase holds" \
+    "the first wave of them. An IDLE_SECONDS of 60 + 4 holds (160 with HOLD 25) measures idle with them." >&2
+fi
 # BENCH_BIN_DIR: another build's bin directory (an A/B against an older commit); default this tree's release build.
 if [ -n "${BENCH_BIN_DIR:-}" ]; then
   bin=$BENCH_BIN_DIR

@@ -103,7 +103,9 @@ public struct UpstreamPollAnswer: Sendable, Equatable {
       && zip(a.batches, b.batches).allSatisfy { $0.stream == $1.stream && $0.messages == $1.messages }
   }
 
-  public var isEmpty: Bool { batches.allSatisfy(\.messages.isEmpty) }
+  // A closure, not `\.messages.isEmpty`: a key path of two components passed as a function is built and walked at
+  // run time (`swift_getKeyPath`, generic metadata lookups): ~1 % of the relay's CPU in per-user relaying, once a poll.
+  public var isEmpty: Bool { batches.allSatisfy { $0.messages.isEmpty } }
 }
 
 /// A legacy API's shape: how to start (session, cursor sync) and how to poll. Loop-confined: the worker calls

@@ -359,7 +359,8 @@ final class RedisConnection: @unchecked Sendable {
     var joined: [UInt8] = []
     joined.reserveCapacity(arguments.reduce(0) { $0 + $1.count })
     for argument in arguments { joined.append(contentsOf: argument) }
-    let lengths = arguments.map(\.count)
+    // A closure, not `\.count`: a key path to a computed property is built at run time on every command.
+    let lengths = arguments.map { $0.count }
     let status = joined.withUnsafeBufferPointer { buffer -> Int32 in
       let base = UnsafeRawPointer(buffer.baseAddress ?? UnsafePointer(bitPattern: 1)!)
       var offset = 0

@@ -250,6 +250,21 @@ import Testing
     }
   }
 
+  /// RFC 9110's `tchar`, byte by byte: digits, letters and fifteen marks; nothing else of the 256.
+  @Test func aTokenByteIsExactlyAnRFC9110Tchar() {
+    let marks = Array("!#$%&'*+-.^_`|~".utf8)
+    for value in 0...255 {
+      let byte = UInt8(value)
+      let tchar =
+        (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte)
+        || marks.contains(byte)
+      #expect(OutgoingRequest.isTokenByte(byte) == tchar, "byte 0x\(String(byte, radix: 16))")
+      // As a header name's second character (U+0080 and above go as two UTF-8 bytes, neither a tchar).
+      let name = "X" + String(Character(Unicode.Scalar(byte)))
+      #expect((OutgoingRequest.problem(inHeaderName: name) == nil) == tchar, "byte 0x\(String(byte, radix: 16))")
+    }
+  }
+
   @Test func errorSnippetsNeverShowTheRequestsSecrets() {
     let body = Array("bad token tok/en=1 or tok%2Fen=1 for key-1".utf8)
     let response = UpstreamResponse(status: 500, body: body, duration: 0)

@@ -79,6 +79,30 @@ private actor KeptClientDriver {
     #expect(post.headers.first { $0.name == "Content-Length" }?.value == "7")
   }
 
+  @Test func aRequestLargerThanTheSocketTakesIsWrittenWholeBeforeItsAnswerIsRead() async throws {
+    // A request on a kept socket that the kernel cannot take in one write (an 8 MB body, more than a loopback
+    // socket's send buffer holds) goes out as the socket drains, byte for byte, and only then is its answer read.
+    // Short requests before and after share the connection.
+    let server = try CapturingServer { number, request in (200, "{\"n\":\(number),\"bytes\":\(request.body.count)}") }
+    defer { server.stop() }
+    let driver = try await driver()
+    defer { driver.loop.stop() }
+    let body = (0..<(8 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 13) }
+    let first = try await driver.send(UpstreamRequest(url: "\(server.url)/p?since=0", label: "t")).get()
+    #expect(String(decoding: first.body, as: UTF8.self) == "{\"n\":0,\"bytes\":0}")
+    let posted = try await driver.send(
+      UpstreamRequest(method: "POST", url: "\(server.url)/send", body: body, timeout: 20, label: "t")
+    ).get()
+    #expect(String(decoding: posted.body, as: UTF8.self) == "{\"n\":1,\"bytes\":\(body.count)}")
+    let last = try await driver.send(UpstreamRequest(url: "\(server.url)/p?since=2", label: "t")).get()
+    #expect(String(decoding: last.body, as: UTF8.self) == "{\"n\":2,\"bytes\":0}")
+    #expect(server.connections == 1)
+    let received = server.received
+    #expect(received.map(\.line) == ["GET /p?since=0 HTTP/1.1", "POST /send HTTP/1.1", "GET /p?since=2 HTTP/1.1"])
+    #expect(received.count == 3 && received[1].body == body)
+    #expect(await driver.inFlight() == 0)
+  }
+
   @Test func aServerThatClosesAfterAnswersGetsANewConnectionEachTime() async throws {
     // Every answer says "Connection: close" and the server closes: nothing is lost, each request a new connection.
     let server = try CapturingServer(rawRespond: { number, _ in

@@ -1,6 +1,7 @@
 import Foundation
-import PollcastCore
 import Testing
+
+@testable import PollcastCore
 
 @Suite struct EventLoopTests {
   /// `event_base_loop` clears a break asked before it began: a stop right after `start()` used to wait forever
@@ -41,6 +42,47 @@ import Testing
     }
     #expect(longest >= 0.030 && longest < 5)
     #expect(slow == 1)
+  }
+
+  /// Work asked with `atPassEnd` runs once the pass over the job queue has run every job, the jobs the pass itself
+  /// made included, and before the loop polls again (a timer already due fires after it). Code outside a pass (a C
+  /// callback: the timer's) is refused, and nothing runs for it: the kept connection then leaves its request to
+  /// libevent's write watch.
+  @Test func passEndWorkRunsAfterThePassJobsAndBeforeTheNextTurn() async throws {
+    let loop = try EventLoop()
+    loop.start()
+    defer { loop.stop() }
+    let probe = PassEndProbe(loop: loop)
+    #expect(await probe.run() == ["job", "asked: true", "later job", "pass end", "timer asked: false"])
+    // Outside any pass (before the loop runs jobs, on this thread) nothing is asked either.
+    let idle = try EventLoop()
+    #expect(!idle.atPassEnd(PassEndRecorder()))
+  }
+}
+
+/// Loop-confined: touched only by jobs and callbacks on the probe's loop.
+private final class PassEndRecorder: LoopPassEndWork, @unchecked Sendable {
+  var log: [String] = []
+  func passEnded() { log.append("pass end") }
+}
+
+private actor PassEndProbe {
+  let loop: EventLoop
+  let recorder = PassEndRecorder()
+  var timer: LoopTimer?
+  init(loop: EventLoop) { self.loop = loop }
+  nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+  func run() async -> [String] {
+    let (recorder, loop) = (self.recorder, self.loop)
+    recorder.log.append("job")
+    recorder.log.append("asked: \(loop.atPassEnd(recorder))")
+    loop.execute { recorder.log.append("later job") }
+    let timer = LoopTimer(loop: loop) { recorder.log.append("timer asked: \(loop.atPassEnd(recorder))") }
+    timer.schedule(after: 0)
+    self.timer = timer
+    await loop.nextTurn()
+    return recorder.log
   }
 }
 

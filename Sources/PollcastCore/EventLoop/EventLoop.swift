@@ -20,6 +20,12 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   /// it takes the queued jobs without allocating. Taking them as a copy and emptying `pending` in place allocated a
   /// new buffer on every pass, several times a poll cycle.
   private var spare: [UnownedJob] = []
+  /// Work asked for the end of the running pass over the job queue (`atPassEnd`), and its emptied buffer (loop
+  /// thread only).
+  private var passEnd: [any LoopPassEndWork] = []
+  private var passEndSpare: [any LoopPassEndWork] = []
+  /// True while `drainJobs` runs (loop thread only).
+  private var draining = false
   private var wakeEvent: OpaquePointer?
   private let loopThreadID = Atomic<UInt>(0)
   private let state = Locked<State>(.idle)
@@ -169,6 +175,17 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
     try await LoopRunner(loop: self).run(body)
   }
 
+  /// Asks for `work.passEnded()` once the running pass over the job queue has run every job, before the loop polls
+  /// for I/O again; false (and nothing asked) when no pass is running — a C callback's code, not a job's. For work
+  /// that may wait for the pass's other jobs but not for a loop turn: several poll cycles' requests written back to
+  /// back rather than one between each cycle's jobs. Loop thread only.
+  func atPassEnd(_ work: any LoopPassEndWork) -> Bool {
+    assertOnLoop()
+    guard draining else { return false }
+    passEnd.append(work)
+    return true
+  }
+
   fileprivate func wake() {
     drainJobs()
     if state.withLock({ $0 == .stopping }) {
@@ -191,14 +208,30 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
     let taskExecutor = asUnownedTaskExecutor()
     var batch: [UnownedJob] = []
     swap(&batch, &spare)
-    defer { spare = batch }
+    draining = true
+    defer {
+      spare = batch
+      draining = false
+    }
     while true {
       pending.withLock { swap(&$0, &batch) }
-      if batch.isEmpty { return }
+      if batch.isEmpty {
+        // The queue is empty: the pass's end-of-pass work, then whatever jobs it made (none, so far).
+        if passEnd.isEmpty { return }
+        swap(&passEnd, &passEndSpare)
+        for work in passEndSpare { work.passEnded() }
+        passEndSpare.removeAll(keepingCapacity: true)
+        continue
+      }
       for job in batch { job.runSynchronously(isolatedTo: executor, taskExecutor: taskExecutor) }
       batch.removeAll(keepingCapacity: true)
     }
   }
+}
+
+/// Work run at the end of a pass over the loop's job queue (`EventLoop.atPassEnd`).
+protocol LoopPassEndWork: AnyObject {
+  func passEnded()
 }
 
 /// A throwaway actor on the loop, used to run a closure there.

@@ -13,7 +13,7 @@ import Foundation
 /// while one is in flight) still goes through libcurl: `UpstreamClient.send` picks per request.
 ///
 /// Loop-confined: made, used and freed on the loop thread.
-final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
+final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop-confined
   let loop: EventLoop
   /// Largest answer body accepted (evhttp refuses a longer one before reading it all).
   var maxBodyBytes: Int
@@ -23,6 +23,8 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
   private var connectedTarget: Target?
   private var readTimeout = -1.0
   private var current: PendingExchange?
+  /// The exchange whose request `passEnded` writes (set by `issue`).
+  private var awaitingPassEnd: PendingExchange?
   private var deadline: LoopTimer?
   /// Requests sent on this connection (one per exchange); for tests and the bench.
   private(set) var requestsSent = 0
@@ -337,7 +339,45 @@ final class KeepAliveConnection: @unchecked Sendable {  // loop-confined
       evbuffer_get_length(output) > 0
     {
       HTTPRequest.dropAllButConnection(headers)
+      if exchange.onKeptSocket, !exchange.retried, loop.atPassEnd(self) { awaitingPassEnd = exchange }
     }
+  }
+
+  /// The end of the loop's pass over its jobs (asked by `issue`): the request issued then, if it is still this
+  /// connection's and its head still waits in the output, is written now (`writeAtOnce`).
+  func passEnded() {
+    guard let exchange = awaitingPassEnd else { return }
+    awaitingPassEnd = nil
+    guard current === exchange, exchange.raw != nil, !exchange.retried, let connection,
+      let event = evhttp_connection_get_bufferevent(connection), let output = bufferevent_get_output(event),
+      evbuffer_get_length(output) > 0
+    else { return }
+    Self.writeAtOnce(event, output)
+  }
+
+  /// Writes a request's head, which evhttp has put in a connected socket's output in this loop turn, before the loop
+  /// polls again. evhttp leaves the writing to the bufferevent: it turns on the socket's write watch, and the next
+  /// `epoll_wait` reports the socket writable (as an idle kept socket always is) for one `writev`; evhttp then turns
+  /// the watch off and starts reading the answer. That is a loop turn and an `epoll_wait` of every poll cycle spent
+  /// on a write that cannot block, and with the change list the watch's on and off are two `epoll_ctl` more. Here the
+  /// bufferevent's own write step runs, with libevent's calls: the output's start unfrozen for `evbuffer_write` (a
+  /// bufferevent freezes it so that only it drains the output; a frozen buffer writes nothing), frozen again, and when
+  /// the whole head went out, `bufferevent_trigger` runs evhttp's write callback as the write watch would have —
+  /// evhttp turns the watch off before the change list reaches the kernel, and reads the answer. Whatever does not go
+  /// out at once (a full socket, a peer that has closed) stays in the output for the watch, the path it always had,
+  /// and its failure reaches the request's callbacks as before. Only for a socket kept from an earlier exchange (a
+  /// fresh connection's head is written by evhttp once the connect completes), and at the end of the loop's pass
+  /// over its jobs rather than in the cycle's own job: the requests of every cycle the pass ran go out back to back.
+  /// Written one per cycle, between the cycles' other work, each woke a legacy API on the same host again (at 1,000
+  /// re-polls a second the kernel's wake-ups, `sock_def_readable`, went from 4 to 7 % of the relay's samples).
+  private static func writeAtOnce(_ event: OpaquePointer, _ output: OpaquePointer) {
+    let fd = bufferevent_getfd(event)
+    guard fd >= 0 else { return }
+    evbuffer_unfreeze(output, 1)
+    let written = evbuffer_write(output, fd)
+    evbuffer_freeze(output, 1)
+    guard written > 0, evbuffer_get_length(output) == 0 else { return }
+    bufferevent_trigger(event, Int16(EV_WRITE), 0)
   }
 
   /// Sends `exchange` once more when the server closed a kept connection under it before any answer: the race every

@@ -84,6 +84,18 @@ import Testing
     #expect(text.repaired(offset: 4, count: 1) == false)
     #expect(text.repaired(offset: 5, count: 4))
   }
+
+  /// Valid text is recognized by decoding it and comparing the bytes: a U+FFFD the input really holds is not a
+  /// repair, and a repair that keeps the length (three invalid bytes, three of U+FFFD) is still one.
+  @Test func aRealReplacementCharacterIsNotARepairAndASameLengthRepairIs() {
+    let real = RepairedText(Array("a\u{FFFD}b".utf8))
+    #expect(real.text == "a\u{FFFD}b" && real.repairs.isEmpty)
+    let truncated = RepairedText([0xF0, 0x90, 0x80, 0x61])  // a four-byte sequence cut after three
+    #expect(truncated.text.utf8.count == 4)
+    #expect(truncated.text == "\u{FFFD}a" && truncated.repairs == [0])
+    let empty = RepairedText([])
+    #expect(empty.text.isEmpty && empty.repairs.isEmpty)
+  }
 }
 
 /// Inputs the fuzzers found, kept as regression tests.

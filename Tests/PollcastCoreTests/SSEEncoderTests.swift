@@ -104,3 +104,16 @@ import Testing
     #expect(JSONText.object(["k": quoted, "n": "1"]) == "{\"k\":\(quoted),\"n\":1}")
   }
 }
+
+@Suite struct BroadcastBytesTests {
+  /// The chunk header is the payload's length in lowercase hex, right-aligned in its slot: every digit count from
+  /// one (an empty payload is "0") to six, at each boundary where one more digit is needed.
+  @Test(arguments: [0, 1, 9, 10, 15, 16, 255, 256, 4_095, 4_096, 65_536, 1_048_575, 1_048_576])
+  func theChunkHeaderIsTheLengthInHex(length: Int) {
+    let payload = (0..<length).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+    let bytes = BroadcastBytes(payload)
+    #expect(bytes.payload.bytes == payload)
+    let expected = Array(String(length, radix: 16).utf8) + [13, 10] + payload + [13, 10]
+    #expect(bytes.framed.bytes == expected)
+  }
+}

@@ -60,9 +60,16 @@ public struct BroadcastBytes: Sendable {
     let length = bytes.count - start
     bytes.append(contentsOf: [13, 10])
     // The header is right-aligned in its fixed-width slot: "  1f4\r\n" is not valid, so skip the leading part.
-    let hex = Array(String(length, radix: 16).utf8)
-    let headerStart = start - 2 - hex.count
-    bytes.replaceSubrange(headerStart..<(start - 2), with: hex)
+    // Written digit by digit (lowercase hex): `String(_:radix:)` and a replaced subrange cost two allocations and a
+    // generic conversion for every batch.
+    var headerStart = start - 2
+    var rest = length
+    repeat {
+      headerStart -= 1
+      let digit = UInt8(truncatingIfNeeded: rest & 0xF)
+      bytes[headerStart] = digit < 10 ? 0x30 + digit : 0x57 + digit
+      rest >>= 4
+    } while rest > 0
     bytes[start - 2] = 13
     bytes[start - 1] = 10
     let block = SharedBytes(bytes)

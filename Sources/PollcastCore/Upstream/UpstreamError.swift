@@ -1,3 +1,5 @@
+import Foundation
+
 /// Why an upstream call failed. Every failure of the transport, the HTTP exchange or the body's shape maps to
 /// one of these kinds; `message` says what happened, `cause` carries the underlying library's words.
 public struct UpstreamError: Error, CustomStringConvertible, Sendable, Equatable {
@@ -134,8 +136,12 @@ public struct RepairedText: Sendable {
   public let repairs: [Int]
 
   public init(_ bytes: [UInt8]) {
-    if let valid = String(validating: bytes, as: UTF8.self) {
-      text = valid
+    // Valid UTF-8 decodes to exactly its own bytes, and a repair never does (U+FFFD stands where invalid bytes
+    // were), so equal bytes prove the text valid. `String(decoding:as:)` is the standard library's specialized
+    // path; `String(validating:as:)` went through a generic one (metadata lookups at run time, once a poll).
+    let decoded = String(decoding: bytes, as: UTF8.self)
+    if RepairedText.same(decoded, bytes) {
+      text = decoded
       repairs = []
       return
     }
@@ -155,6 +161,16 @@ public struct RepairedText: Sendable {
     }
     text = String(decoding: output, as: UTF8.self)
     repairs = found
+  }
+
+  private static func same(_ text: String, _ bytes: [UInt8]) -> Bool {
+    var text = text
+    guard text.utf8.count == bytes.count else { return false }
+    return text.withUTF8 { utf8 in
+      bytes.withUnsafeBufferPointer { raw in
+        utf8.count == 0 || memcmp(utf8.baseAddress!, raw.baseAddress!, utf8.count) == 0
+      }
+    }
   }
 
   /// Whether the `count` bytes at `offset` contain a replacement.

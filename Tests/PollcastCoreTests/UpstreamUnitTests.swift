@@ -370,6 +370,28 @@ import Testing
     #expect(target("http://127.0.0.1:1/p", method: "POST", body: [1]) != nil)
   }
 
+  /// A URL with the previous target's origin and a path reuses its host, port and name; anything else is parsed
+  /// whole, so a lookalike origin (one more port digit, a query right after the authority) is never reused.
+  @Test func aKnownOriginIsReusedOnlyWhenAPathFollowsIt() throws {
+    func next(_ url: String, after known: KeepAliveConnection.Target?) -> KeepAliveConnection.Target? {
+      KeepAliveConnection.target(for: UpstreamRequest(method: "GET", url: url, label: "t"), after: known)
+    }
+    let known = try #require(target("http://127.0.0.1:8080/poll?since=1"))
+    #expect(known.origin == "http://127.0.0.1:8080")
+    let same = try #require(next("http://127.0.0.1:8080/é/poll?since=2#frag", after: known))
+    #expect(same.host == "127.0.0.1" && same.port == 8080 && same.authority == "127.0.0.1:8080")
+    #expect(same.path == "/é/poll?since=2" && same.origin == known.origin)
+    #expect(next("http://127.0.0.1:80801/poll", after: known) == nil)  // port out of range, parsed whole
+    #expect(next("http://127.0.0.1:8080?x", after: known) == nil)  // a target must start with "/"
+    let other = try #require(next("http://127.0.0.1:808/p", after: known))
+    #expect(other.port == 808 && other.path == "/p" && other.origin == "http://127.0.0.1:808")
+    let bare = try #require(next("http://127.0.0.1:8080", after: known))
+    #expect(bare.path == "/")
+    let named = try #require(target("http://api.example:81/a"))
+    let again = try #require(next("http://api.example:81/b#x", after: named))
+    #expect(again.name == "api.example" && again.host == "api.example" && again.port == 81 && again.path == "/b")
+  }
+
   @Test func edgesOfTheURLAreParsedByBytesWithoutLosingAnything() throws {
     let unicode = try #require(target("http://127.0.0.1:65535/é/𝄞?q=ü#ß"))
     #expect(unicode.port == 65535 && unicode.path == "/é/𝄞?q=ü" && unicode.authority == "127.0.0.1:65535")

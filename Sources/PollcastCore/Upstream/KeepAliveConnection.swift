@@ -75,6 +75,9 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
     var authority: Substring
     /// Path and query (the request target).
     var path: Substring
+    /// The URL up to its authority's end (`http://host:port`), as written: a later URL that starts with it and then
+    /// a path has this target's host, port and name (`target(for:after:)`).
+    var origin: String = ""
 
     static func == (a: Target, b: Target) -> Bool { a.host == b.host && a.port == b.port }
   }
@@ -82,10 +85,18 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
   /// True while a request is in flight on this connection (a second one goes through libcurl meanwhile).
   var busy: Bool { current != nil }
 
-  /// The request's target when this connection can carry `request`, nil when libcurl must.
-  static func target(for request: UpstreamRequest) -> Target? {
+  /// The request's target when this connection can carry `request`, nil when libcurl must. `known`, a target
+  /// parsed before (the previous request's), spares the parse when the URL has its origin and then a path: an
+  /// account polls the same origin every time, and the parse (Substring scans, `inet_pton`) was ~2 % of the relay's
+  /// samples at 100 polls a second.
+  static func target(for request: UpstreamRequest, after known: Target? = nil) -> Target? {
     guard !disabled, method(request.method) != nil else { return nil }
     if request.body != nil && request.method != "POST" && request.method != "PUT" { return nil }
+    if let known, !known.origin.isEmpty, let path = path(of: request.url, after: known.origin) {
+      var reused = known
+      reused.path = path
+      return reused
+    }
     // Byte scans on the UTF-8 view: this runs for every request, and Character-level scanning (grapheme breaking)
     // of the URL cost ~5 µs a poll at 1,000 polls a second. Every delimiter is ASCII, so the indices found are
     // valid for the string itself.
@@ -143,7 +154,29 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
     return Target(
       host: host, port: port, name: named ? host : nil,
       authority: url[restStart..<authorityEnd],
-      path: path.isEmpty ? "/" : path)
+      path: path.isEmpty ? "/" : path, origin: String(url[..<authorityEnd]))
+  }
+
+  /// `url`'s path and query (its fragment cut) when it is `origin` followed by a path (`/…`); nil otherwise (then
+  /// the URL is parsed whole: another origin, a bare origin, a query right after the authority).
+  private static func path(of url: String, after origin: String) -> Substring? {
+    var origin = origin
+    let bounds: (start: Int, end: Int)? = origin.withUTF8 { prefix in
+      url.utf8.withContiguousStorageIfAvailable { bytes -> (start: Int, end: Int)? in
+        guard bytes.count > prefix.count, bytes[prefix.count] == UInt8(ascii: "/"),
+          memcmp(bytes.baseAddress!, prefix.baseAddress!, prefix.count) == 0
+        else { return nil }
+        let rest = UnsafeRawPointer(bytes.baseAddress! + prefix.count)
+        guard let hash = memchr(rest, Int32(UInt8(ascii: "#")), bytes.count - prefix.count) else {
+          return (prefix.count, bytes.count)
+        }
+        return (prefix.count, prefix.count + (UnsafeRawPointer(hash) - rest))
+      } ?? nil
+    }
+    guard let bounds else { return nil }
+    let start = url.utf8.index(url.utf8.startIndex, offsetBy: bounds.start)
+    let end = url.utf8.index(start, offsetBy: bounds.end - bounds.start)
+    return url[start..<end]
   }
 
   /// A DNS name as libcurl would resolve it (letters, digits, `-`, `_`, dots; not all digits and dots, which is a
@@ -499,8 +532,16 @@ extension PendingExchange {
         return .failure(UpstreamError(.decoding, "response body larger than \(maxBody) bytes"))
       }
       if length > 0 {
-        body = [UInt8](unsafeUninitializedCapacity: length) { bytes, count in
-          count = max(0, evbuffer_copyout(buffer, bytes.baseAddress, length))
+        // An answer in one of the buffer's chains (a poll's usual answer) is copied from it straight; a longer one
+        // is gathered. `Array(unsafeUninitializedCapacity:)` went through a generic allocation (a metadata lookup
+        // at run time, once a poll); these two are the standard library's specialized paths.
+        var chain = iovec()
+        if evbuffer_peek(buffer, -1, nil, &chain, 1) == 1, chain.iov_len == length, let base = chain.iov_base {
+          body = Array(UnsafeRawBufferPointer(start: base, count: length))
+        } else {
+          body = Array(repeating: 0, count: length)
+          let copied = body.withUnsafeMutableBytes { evbuffer_copyout(buffer, $0.baseAddress, length) }
+          if copied < length { body.removeLast(length - max(0, copied)) }
         }
       }
     }

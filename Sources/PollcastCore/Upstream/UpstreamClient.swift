@@ -175,6 +175,8 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
 
   /// The kept-alive connection for plain-HTTP requests (see `KeepAliveConnection`); made on first use.
   private var keptConnection: KeepAliveConnection?
+  /// The kept connection's last parsed target (see `KeepAliveConnection.target(for:after:)`).
+  private var lastTarget: KeepAliveConnection.Target?
 
   public init(transport: CurlTransport, interceptors: [UpstreamInterceptor]) {
     self.transport = transport
@@ -295,7 +297,11 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   /// account keeps `send`'s frame while its poll hangs.
   @inline(never)
   private func keptRoute(_ request: UpstreamRequest, _ exchange: Exchange) -> KeepAliveConnection? {
-    guard keptConnection?.busy != true, let parsed = KeepAliveConnection.target(for: request) else { return nil }
+    guard keptConnection?.busy != true, let parsed = KeepAliveConnection.target(for: request, after: lastTarget)
+    else { return nil }
+    // Kept without its path, which would hold the whole previous URL.
+    lastTarget = parsed
+    lastTarget?.path = ""
     guard let target = addressed(parsed) else {
       exchange.closesConnection = true
       return nil

@@ -77,7 +77,8 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
     var path: Substring
     /// The URL up to its authority's end (`http://host:port`), as written: a later URL that starts with it and then
     /// a path has this target's host, port and name (`target(for:after:)`).
-    var origin: String = ""
+    /// Shares the URL's storage with `authority`: no allocation of its own.
+    var origin: Substring = ""
 
     static func == (a: Target, b: Target) -> Bool { a.host == b.host && a.port == b.port }
   }
@@ -154,12 +155,12 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
     return Target(
       host: host, port: port, name: named ? host : nil,
       authority: url[restStart..<authorityEnd],
-      path: path.isEmpty ? "/" : path, origin: String(url[..<authorityEnd]))
+      path: path.isEmpty ? "/" : path, origin: url[..<authorityEnd])
   }
 
   /// `url`'s path and query (its fragment cut) when it is `origin` followed by a path (`/…`); nil otherwise (then
   /// the URL is parsed whole: another origin, a bare origin, a query right after the authority).
-  private static func path(of url: String, after origin: String) -> Substring? {
+  private static func path(of url: String, after origin: Substring) -> Substring? {
     var origin = origin
     let bounds: (start: Int, end: Int)? = origin.withUTF8 { prefix in
       url.utf8.withContiguousStorageIfAvailable { bytes -> (start: Int, end: Int)? in

@@ -24,13 +24,18 @@ public final class Subscriber: @unchecked Sendable {
     case live
   }
 
+  // The fan-out's fields come first, in the order it reads them, so that the two cache lines `Feed.fanOut` asks for
+  // ahead (the object's first 128 bytes from where it starts) hold all of them: Swift lays out a class's stored
+  // properties in declaration order.
+  public internal(set) var mode: Mode
+  public internal(set) var isClosed = false
   /// Streams this client asked for; nil means all.
   public let streams: Set<String>?
   let sink: SubscriberSink
   /// The id of the newest event queued for this client (or skipped by its filter).
   public internal(set) var cursor: UInt64
-  public internal(set) var mode: Mode
-  public internal(set) var isClosed = false
+  /// Monotonic time of the last fan-out write (events, status, heartbeat): a busy stream needs no heartbeat.
+  var lastWrite = 0.0
   /// Monotonic time at which the maximum connection age ends this stream; nil without one.
   var endsAt: Double?
   /// When its grant ends by itself (monotonic; a token's expiry), and the last event it then gets.
@@ -40,8 +45,6 @@ public final class Subscriber: @unchecked Sendable {
   /// be ended when that key is revoked while others of its account keep the account polling.
   public internal(set) var grant: String?
   var registryIndex = -1
-  /// Monotonic time of the last fan-out write (events, status, heartbeat): a busy stream needs no heartbeat.
-  var lastWrite = 0.0
 
   init(streams: Set<String>?, sink: SubscriberSink, cursor: UInt64, mode: Mode) {
     self.streams = streams

@@ -25,8 +25,8 @@ public final class Subscriber: @unchecked Sendable {
   }
 
   // The fan-out's fields come first, in the order it reads them, so that the two cache lines `Feed.fanOut` asks for
-  // ahead (the object's first 128 bytes from where it starts) hold all of them: Swift lays out a class's stored
-  // properties in declaration order.
+  // ahead (those holding the object's start and 64 bytes on: at least its first 80 bytes, whatever its alignment)
+  // hold all of them (offsets 16-63): Swift lays out a class's stored properties in declaration order.
   public internal(set) var mode: Mode
   public internal(set) var isClosed = false
   /// Streams this client asked for; nil means all.

@@ -334,15 +334,10 @@ public actor Feed {
       }
       let subscriber = list[index]
       guard subscriber.mode == .live && !subscriber.isClosed else { continue }
-      if subscriber.streams == nil {
-        // Every stream (`FeedPlan.delivery`'s first case), without passing the set out and back.
-        broadcast(whole, to: subscriber)
-      } else {
-        switch FeedPlan.delivery(of: batch, to: subscriber.streams) {
-        case .whole: broadcast(whole, to: subscriber)
-        case .slices(let slices): send(slices, to: subscriber)
-        case .nothing: break
-        }
+      switch FeedPlan.delivery(of: batch, to: subscriber.streams) {
+      case .whole: broadcast(whole, to: subscriber)
+      case .slices(let slices): send(slices, to: subscriber)
+      case .nothing: break
       }
       if !subscriber.isClosed { subscriber.cursor = last }
     }

@@ -12,8 +12,16 @@ enum FeedPlan {
     case nothing
   }
 
+  /// Inlined into the fan-out: a subscriber of every stream (the usual one) then costs it a nil check, not a call
+  /// with its stream set passed out and back (a retain each); the filtered case stays a call.
+  @inline(__always)
   static func delivery(of batch: [ReplayRing.Entry], to streams: Set<String>?) -> Delivery {
     guard let streams else { return .whole }
+    return filtered(batch, streams)
+  }
+
+  @inline(never)
+  static func filtered(_ batch: [ReplayRing.Entry], _ streams: Set<String>) -> Delivery {
     var slices: [ByteSlice] = []
     for entry in batch where wants(streams, entry.stream) { appendMerging(entry.slice, to: &slices) }
     return slices.isEmpty ? .nothing : .slices(slices)

@@ -118,6 +118,30 @@ import Testing
     #expect(integer.contains { $0.hasPrefix("recipe.cursor.session: only for an opaque cursor") })
   }
 
+  @Test func anAccountsScopeReadsTheSessionBeforeTheRecipesVars() throws {
+    // The scope keeps the vars and the session's values side by side (not merged): a session value wins over a var
+    // of the same name, every other var is still read, and the session's values are secrets.
+    let recipe = try recipe(
+      """
+      {"vars":{"base":"http://h","queue":"fallback"},
+       "session":[{"url":"{base}/register","extract":{"queue":{"body":"/q"}}}],
+       "poll":{"url":"{base}/events","query":{"queue_id":"{queue}","last":"{cursor}"},
+         "events":{"pointer":"/events","id":{"event":"/id"}}},
+       "cursor":{"type":"opaque","value":{"event":"/id"},"session":["queue"]}}
+      """)
+    let adapter = RecipeAdapter(recipe: recipe, environment: [:], credential: nil)
+    #expect(adapter.scope()["queue"]?.text == "fallback")
+    adapter.restore(tokens: [recipe.stream: RecipeAdapter.bind("c-1", session: ["queue": "q-live-7"])])
+    let scope = adapter.scope()
+    #expect(scope["queue"]?.text == "q-live-7")
+    #expect(scope["base"]?.text == "http://h")
+    #expect(scope["nope"] == nil)
+    #expect(scope.redactions == ["q-live-7"])
+    let request = try RecipeRequest.build(
+      recipe.poll, adapter.scope(cursor: 3), recipe: recipe, timeout: 5, connectTimeout: 1, label: "poll")
+    #expect(request.url == "http://h/events?last=3&queue_id=q-live-7")
+  }
+
   @Test func aFetchStepTakesTheEventsAndOnlyItsRulesMayFetch() throws {
     let found = problems(
       """

@@ -194,7 +194,7 @@ public struct Recipe: Sendable {
   /// The poll URL with the vars in place and other placeholders as written: what identifies the API in a store.
   public var identityURL: String {
     var scope = RecipeScope()
-    scope.values = vars
+    scope.vars = vars
     return poll.url.parts.map { part in
       switch part {
       case .literal(let text): text

@@ -145,10 +145,11 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       scope = baseScope
     } else {
       scope = RecipeScope()
-      scope.values = recipe.vars.merging(sessionValues ?? [:]) { _, session in session }
+      scope.vars = recipe.vars
+      scope.values = sessionValues ?? [:]
       scope.environment = environment
       scope.credential = credential
-      scope.secretNames = recipe.environmentVars.union(recipe.sessionNames)
+      scope.secretNames = storage.secretNames
       scope.literalSecrets = recipe.literalSecrets
       scope.environmentNames = recipe.environmentNames
       scope.redactions = scope.secrets
@@ -561,11 +562,15 @@ public final class RecipeStorage: Sendable {
   let headerNames: [String]
   /// `recipe.varNames`, held here so that building a request reads it without copying the recipe.
   let varNames: Set<String>
+  /// The names whose values are secrets (vars read from the environment, the session's values), computed once:
+  /// every account's scope shares this set.
+  let secretNames: Set<String>
 
   public init(_ recipe: Recipe) {
     self.recipe = recipe
     headerNames = recipe.headerNames
     varNames = recipe.varNames
+    secretNames = recipe.environmentVars.union(recipe.sessionNames)
   }
 }
 

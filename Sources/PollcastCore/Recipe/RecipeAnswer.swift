@@ -98,7 +98,7 @@ enum RecipeAnswer {
     case .event(let pointer): found = context.event?.resolve(pointer: pointer).flatMap(value(of:))
     case .header(let name): found = context.header(name).map { RecipeValue(text: $0) }
     case .constant(let constant): found = constant
-    case .session(let name): found = context.scope.values[name]
+    case .session(let name): found = context.scope[name]
     case .template(let template): found = (try? template.render(context.scope, .text)).map { RecipeValue(text: $0) }
     }
     guard source.add != 0, let text = found?.text else { return found }

@@ -117,7 +117,11 @@ public struct RecipeValue: Sendable, Equatable {
 
 /// What fills placeholders at one moment: the recipe's vars, the session's values, the cursor, the credential.
 struct RecipeScope {
+  /// Named values that win over `vars`: the session's (and, while it runs, its earlier steps').
   var values: [String: RecipeValue] = [:]
+  /// The recipe's `vars`: held beside `values`, not merged into them, so that every account's scope shares the
+  /// recipe's dictionary instead of holding a merged copy of it (456 bytes an account for the chat recipe).
+  var vars: [String: RecipeValue] = [:]
   var environment: [String: String] = [:]
   var credential: String?
   /// The relay's cursor: the last event's id (integer recipes) or the count of relayed events (opaque ones).
@@ -153,7 +157,7 @@ struct RecipeScope {
     switch placeholder {
     case .name(let name) where name.hasPrefix("cursor."):
       cursorParts[String(name.dropFirst(7))].map { RecipeValue(text: $0) }
-    case .name(let name): values[name]
+    case .name(let name): self[name]
     case .cursor: opaque ? token.map(RecipeScope.opaqueValue) : cursor.map(RecipeValue.init)
     case .next: cursor.map { RecipeValue($0 == .max ? $0 : $0 + 1) }
     case .cursors: cursorList.map { RecipeValue(text: $0) }
@@ -161,6 +165,9 @@ struct RecipeScope {
     case .credential: credential.map { RecipeValue(text: $0) }
     }
   }
+
+  /// A named value: the session's, else the recipe's var.
+  subscript(name: String) -> RecipeValue? { values[name] ?? vars[name] }
 
   /// The values (by name) that are secrets: the session's, and vars read from the environment.
   var secretNames: Set<String> = []
@@ -174,7 +181,7 @@ struct RecipeScope {
   /// Values that must never be shown: the credential, the session's values, and what the recipe reads from the
   /// environment (a URL excepted: `redactURL` hides its userinfo and secret query values).
   var secrets: [String] {
-    var all = secretNames.compactMap { values[$0]?.text }.filter(RecipeScope.isSecretValue)
+    var all = secretNames.compactMap { self[$0]?.text }.filter(RecipeScope.isSecretValue)
     all += environmentNames.compactMap { environment[$0] }.filter(RecipeScope.isSecretValue)
     if let credential, credential.count >= 4 { all.append(credential) }
     return all + literalSecrets

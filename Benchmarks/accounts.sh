@@ -36,6 +36,12 @@ done
 # LAG_SAMPLE_MS: scrape the relay's loop lag every MS ms in the idle and message phases (each scrape costs the
 # relay a /metrics render, which the idle CPU figure then includes): reports lag_max_idle_ms, lag_max_messages_ms.
 if [ -n "${LAG_SAMPLE_MS:-}" ]; then bench_extra+=(--lag-sample-ms "$LAG_SAMPLE_MS"); fi
+# LOOP_PROBE_MS: the relay's loop probe interval (server.loop_probe_ms, default 500). Any stall longer than it is
+# counted: with LAG_SAMPLE_MS the bench reports the probe ticks late by over 10 / 15 / 20 / 50 ms in each phase
+# (probe_late_over_15ms_idle, probe_late_over_15ms_messages: with LOOP_PROBE_MS=5, 0 means no stall over 20 ms).
+# Each tick wakes the relay, which the idle figure then includes.
+relay_extra=()
+if [ -n "${LOOP_PROBE_MS:-}" ]; then relay_extra+=(--server-loop-probe-ms "$LOOP_PROBE_MS"); fi
 if ! python3 -c "import sys; sys.exit(0 if float('$idle') > 2 * float('$hold') else 1)"; then
   echo "IDLE_SECONDS ($idle) must be longer than two poll holds (2 × $hold s): the idle figure would hold no re-poll" >&2
   exit 64
@@ -71,7 +77,7 @@ for run in $(seq 1 "$runs"); do
     upstream=(--upstream-adapter generic --generic-url-template "http://$api/api/feed?after={cursor}&timeout=$hold"
       --generic-events-pointer /data/items --generic-id-pointer /seq --generic-headers "Authorization: Bearer {credential}")
   fi
-  taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 "${upstream[@]}" --auth-mode upstream \
+  taskset -c 0 "$bin/pollcast" --listen 127.0.0.1:0 "${upstream[@]}" --auth-mode upstream "${relay_extra[@]}" \
     --store-kind "$store" --store-path "$work/store.db" --log-level warning >"$work/relay.out" 2>"$work/relay.err" &
   pid=$!
   until grep -q listening "$work/relay.out" 2>/dev/null; do

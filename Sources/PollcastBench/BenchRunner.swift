@@ -67,6 +67,10 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   /// was held in C callbacks.
   private var jobPassMax: (first: Double?, last: Double) = (nil, 0)
   private var slowPasses: (first: Int?, last: Int) = (nil, 0)
+  /// The relay's probe-lateness histogram (`pollcast_event_loop_lateness_seconds`) at the first and last sample of
+  /// the phase, by bucket bound ("+Inf": every tick): the ticks late by over a bound in the phase are the
+  /// difference, where the lag above is only what the scrapes happened to see.
+  private var lateness: (first: [String: Int]?, last: [String: Int]) = (nil, [:])
   private var random = SystemRandomNumberGenerator()
 
   public init(options: BenchOptions, loop: EventLoop) {
@@ -204,6 +208,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
             format: "relay loop lag, largest sampled while idle: %.1f ms (%d samples); ", lag.max * 1000, lag.samples)
             + lag.jobPass)
         summary.append(("lag_max_idle_ms", String(format: "%.1f", lag.max * 1000)))
+        if let over15 = lag.over15 { summary.append(("probe_late_over_15ms_idle", String(over15))) }
       }
       if let before, let after {
         let share = (after.cpuSeconds - before.cpuSeconds) / options.idleSeconds * 100
@@ -248,6 +253,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
           format: "relay loop lag, largest sampled with messages: %.1f ms (%d samples); ", lag.max * 1000,
           lag.samples) + lag.jobPass)
       summary.append(("lag_max_messages_ms", String(format: "%.1f", lag.max * 1000)))
+      if let over15 = lag.over15 { summary.append(("probe_late_over_15ms_messages", String(over15))) }
     }
     let report = await loop.submit { [self] in measure() }
     await loop.submit { [self] in
@@ -288,6 +294,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     lagSamples = 0
     jobPassMax = (nil, 0)
     slowPasses = (nil, 0)
+    lateness = (nil, [:])
     guard lagTimer == nil else { return }
     let url = "http://\(target.host)/metrics"
     let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in self?.scrapeLag(url) }
@@ -298,14 +305,31 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   /// The phase's largest sampled lag (on the loop); nil when sampling is off. Sampling stops until the next phase:
   /// scrapes between phases (connecting, draining) would load the relay outside what is measured, and a scrape still
   /// in flight counts for no phase.
-  private func endLagPhase() -> (max: Double, samples: Int, jobPass: String)? {
+  private func endLagPhase() -> (max: Double, samples: Int, jobPass: String, over15: Int?)? {
     guard lagTimer != nil else { return nil }
     lagTimer = nil
     lagPhase += 1
-    let jobPass = String(
+    var jobPass = String(
       format: "longest Swift job pass since start %.1f -> %.1f ms, passes over 10 ms in the phase: %d",
       (jobPassMax.first ?? 0) * 1000, jobPassMax.last * 1000, slowPasses.last - (slowPasses.first ?? 0))
-    return (lagMax, lagSamples, jobPass)
+    // Ticks in the phase, and those late by over a bound: (all - at most the bound) at the end less at the start.
+    func ticks(over bound: String?) -> Int? {
+      guard let first = lateness.first, let all = lateness.last["+Inf"], let firstAll = first["+Inf"] else {
+        return nil
+      }
+      guard let bound else { return all - firstAll }
+      guard let under = lateness.last[bound], let firstUnder = first[bound] else { return nil }
+      return (all - under) - (firstAll - firstUnder)
+    }
+    // With the relay's probe 5 ms apart (`LOOP_PROBE_MS=5`), none late by over 15 ms means no stall over 20 ms.
+    let over = ["0.01", "0.015", "0.02", "0.05"].map { ticks(over: $0) }
+    let counts = over.compactMap { $0 }
+    if let total = ticks(over: nil), counts.count == over.count {
+      jobPass +=
+        "; probe ticks in the phase \(total), late by over 10 / 15 / 20 / 50 ms: "
+        + counts.map(String.init).joined(separator: " / ")
+    }
+    return (lagMax, lagSamples, jobPass, over[1])
   }
 
   private func scrapeLag(_ url: String) {
@@ -318,6 +342,8 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       let prefix = "pollcast_event_loop_lag_seconds "
       let passPrefix = "pollcast_event_loop_job_pass_max_seconds "
       let slowPrefix = "pollcast_event_loop_slow_job_passes_total "
+      let latenessPrefix = "pollcast_event_loop_lateness_seconds_bucket{le=\""
+      var buckets: [String: Int] = [:]
       let text = String(decoding: response.body, as: UTF8.self)
       for line in text.split(separator: "\n") {
         if line.hasPrefix(prefix), let lag = Double(line.dropFirst(prefix.count)) {
@@ -327,8 +353,12 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
           jobPassMax = (jobPassMax.first ?? pass, pass)
         } else if line.hasPrefix(slowPrefix), let slow = Int(line.dropFirst(slowPrefix.count)) {
           slowPasses = (slowPasses.first ?? slow, slow)
+        } else if line.hasPrefix(latenessPrefix) {
+          let labelAndCount = line.dropFirst(latenessPrefix.count).split(separator: "\"} ")
+          if labelAndCount.count == 2, let count = Int(labelAndCount[1]) { buckets[String(labelAndCount[0])] = count }
         }
       }
+      if !buckets.isEmpty { lateness = (lateness.first ?? buckets, buckets) }
     }
   }
 

@@ -91,6 +91,18 @@ import Testing
     }
   }
 
+  /// The loop probe wakes the loop every `server.loop_probe_ms`: 0 would spin it, and more than a minute would
+  /// measure nothing.
+  @Test func theLoopProbeIntervalIsBounded() throws {
+    for bad in ["0", "-5", "60001"] {
+      #expect(throws: ConfigurationError.self, "\(bad)") {
+        try loader.load(fileText: nil, environment: ["POLLCAST_SERVER_LOOP_PROBE_MS": bad], overrides: [])
+      }
+    }
+    let config = try loader.load(fileText: nil, environment: [:], overrides: [("server.loop_probe_ms", "5")])
+    #expect(config.serverSettings.loopProbeInterval == 0.005)
+  }
+
   @Test func heartbeatMustStayBelowTheServerTimeout() {
     var config = Configuration()
     config.sse.heartbeatSeconds = 60

@@ -44,6 +44,31 @@ import Testing
     #expect(slow == 1)
   }
 
+  /// A stall longer than the lag probe's interval is always counted in its lateness histogram
+  /// (`pollcast_event_loop_lateness_seconds`), late by at least the stall less one interval, whatever work held the
+  /// loop; and the ticks after it are measured from when they were armed, not from when the late one was due.
+  @Test func aStallLongerThanTheProbeIntervalIsCounted() async throws {
+    let loop = try EventLoop()
+    loop.start()
+    defer { loop.stop() }
+    let probe = await loop.submit { LoopLagProbe(loop: loop, interval: 0.005) }
+    defer { loop.execute { probe.stop() } }
+    try await Task.sleep(for: .milliseconds(50))
+    let before = await loop.submit { probe.lateness }
+    await loop.submit { usleep(80_000) }
+    var after = before
+    let deadline = MonotonicClock.seconds() + 5
+    while after.count < before.count + 5 && MonotonicClock.seconds() < deadline {
+      try await Task.sleep(for: .milliseconds(10))
+      after = await loop.submit { probe.lateness }
+    }
+    let bound = try #require(after.bounds.firstIndex(of: 0.05))
+    // Ticks later than 50 ms: at least the one the 80-ms stall held (late by 75 ms or more).
+    #expect((after.count - after.counts[bound]) - (before.count - before.counts[bound]) >= 1)
+    #expect(after.count >= before.count + 5, "the probe kept ticking after the stall")
+    #expect(await loop.submit { probe.maxLag } >= 0.075)
+  }
+
   /// Work asked with `atPassEnd` runs once the pass over the job queue has run every job, the jobs the pass itself
   /// made included, and before the loop polls again (a timer already due fires after it). Code outside a pass (a C
   /// callback: the timer's) is refused, and nothing runs for it: the kept connection then leaves its request to

@@ -63,6 +63,8 @@ import Testing
       for name in [
         "pollcast_subscribers_connected 0", "pollcast_events_relayed_total{stream=\"101\"} 3",
         "pollcast_resets_total{reason=\"too_old\"} 0", "pollcast_event_loop_lag_seconds",
+        "# TYPE pollcast_event_loop_lateness_seconds histogram",
+        "pollcast_event_loop_lateness_seconds_bucket{le=\"0.02\"}",
         "pollcast_slow_consumer_disconnects_total 0", "# TYPE pollcast_sent_bytes_total counter",
       ] {
         #expect(metrics.contains(name), "missing \(name)")

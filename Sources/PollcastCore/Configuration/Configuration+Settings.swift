@@ -38,6 +38,10 @@ extension Configuration {
     .list(
       "server.trusted_proxies", \.server.trustedProxies,
       "Proxy addresses or CIDR blocks whose X-Forwarded-For is believed; every other sender's is ignored."),
+    .int(
+      "server.loop_probe_ms", \.server.loopProbeMilliseconds,
+      "How often a timer checks that the event loop runs on time (1-60000); any stall longer than this shows in"
+        + " pollcast_event_loop_lateness_seconds. Each check wakes the loop once."),
     .string(
       "store.kind", \.store.kind,
       "Where the ring, ids and upstream cursors live: memory (lost on restart), sqlite (store.path, survives"

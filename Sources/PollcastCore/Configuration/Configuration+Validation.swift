@@ -27,6 +27,9 @@ extension Configuration {
         "server.max_url_bytes: \(server.maxURLBytes) exceeds server.max_header_bytes (\(server.maxHeaderBytes)), "
           + "which also bounds the request line")
     }
+    if !(1...60_000).contains(server.loopProbeMilliseconds) {
+      problems.append("server.loop_probe_ms: must be between 1 and 60000 (got \(server.loopProbeMilliseconds))")
+    }
     if !(server.timeoutSeconds > 0) { problems.append("server.timeout_seconds: must be greater than 0") }
     if !(server.headerTimeoutSeconds > 0) {
       problems.append("server.header_timeout_seconds: must be greater than 0")

@@ -19,9 +19,11 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var maxConnectionsPerAddress = 0
     public var maxConnectionsPerSubject = 32
     public var trustedProxies: [String] = []
+    public var loopProbeMilliseconds = 500
 
     enum CodingKeys: String, CodingKey {
       case listen, backlog
+      case loopProbeMilliseconds = "loop_probe_ms"
       case maxConnections = "max_connections"
       case maxConnectionsPerAddress = "max_connections_per_address"
       case maxConnectionsPerSubject = "max_connections_per_subject"

@@ -23,6 +23,8 @@ public struct ServerSettings: Sendable, Equatable {
   public var cors: CORSPolicy
   /// Who may read what, and how many streams each may hold.
   public var access: AccessSettings
+  /// How often the loop's lag probe runs, in seconds (`LoopLagProbe`).
+  public var loopProbeInterval = 0.5
 
   public init(
     host: String = "127.0.0.1", port: Int = 8080, maxHeaderBytes: Int = 16 << 10, maxURLBytes: Int = 12 << 10,

@@ -21,6 +21,7 @@ extension Configuration {
           maxPerSubject: server.maxConnectionsPerSubject, maxFailuresPerMinute: auth.maxFailuresPerMinute),
         trustedProxies: server.trustedProxies.compactMap(AddressBlock.init)))
     settings.access.perUser = authMode == .upstream
+    settings.loopProbeInterval = Double(server.loopProbeMilliseconds) / 1000
     settings.access.credentialCharset = CredentialCharset(rawValue: auth.credentialCharset) ?? .b64token
     return settings
   }

@@ -1,7 +1,8 @@
 /// Prometheus text exposition of the relay's counters.
 public enum Metrics {
   public static func render(
-    _ stats: FeedStatistics, upstream: UpstreamStatistics? = nil, loopLag: (last: Double, max: Double)? = nil,
+    _ stats: FeedStatistics, upstream: UpstreamStatistics? = nil,
+    loopLag: (last: Double, max: Double, lateness: Histogram)? = nil,
     protection: SSEServer.ProtectionCounters? = nil, accounts: AccountHub.Statistics? = nil,
     store: StoreStatistics? = nil, jobPasses: (longest: Double, slow: Int)? = nil
   ) -> String {
@@ -93,6 +94,10 @@ public enum Metrics {
         [("", String(loopLag.last))])
       metric(
         "pollcast_event_loop_lag_max_seconds", "gauge", "The largest event loop lag seen.", [("", String(loopLag.max))])
+      histogram(
+        "pollcast_event_loop_lateness_seconds",
+        "How late each probe timer ran (server.loop_probe_ms apart): a loop stall longer than that interval is always"
+          + " counted.", loopLag.lateness)
     }
     if let jobPasses {
       metric(

@@ -89,7 +89,7 @@ public final class Relay: Sendable {
     }
     let loop = try EventLoop()
     loop.start()
-    let lagProbe = await loop.submit { LoopLagProbe(loop: loop) }
+    let lagProbe = await loop.submit { LoopLagProbe(loop: loop, interval: serverSettings.loopProbeInterval) }
     await loop.submit { store.attach(to: loop) }
     let feed = Feed(loop: loop, settings: feedSettings, ids: ids, store: store, restored: restored)
     await feed.start()
@@ -151,7 +151,8 @@ public final class Relay: Sendable {
       return (
         200, "text/plain; version=0.0.4; charset=utf-8",
         Metrics.render(
-          stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag), protection: protection,
+          stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag, lagProbe.lateness),
+          protection: protection,
           accounts: accounts, store: store, jobPasses: (loop.longestJobPass, loop.slowJobPasses))
       )
     }

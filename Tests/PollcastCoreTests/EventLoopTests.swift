@@ -69,6 +69,41 @@ import Testing
     #expect(await loop.submit { probe.maxLag } >= 0.075)
   }
 
+  /// A pass over the job queue stops after `jobPassBudget` and leaves the jobs not yet run to the next turn: a timer
+  /// already due fires between them, not after all of them. The jobs still run in the order they were queued, and
+  /// end-of-pass work asked in the cut pass runs when it is cut.
+  @Test func aLongPassIsCutSoTheLoopPollsBetweenItsJobs() async throws {
+    let loop = try EventLoop()
+    loop.start()
+    defer { loop.stop() }
+    let recorder = PassEndRecorder()
+    let timer = await loop.submit {
+      let timer = LoopTimer(loop: loop) { recorder.log.append("timer") }
+      timer.schedule(after: 0)
+      #expect(loop.atPassEnd(recorder))
+      // 1 ms each: the budget (5 ms) is spent well before the 64th.
+      for index in 0..<64 {
+        loop.execute {
+          usleep(1_000)
+          recorder.log.append("job \(index)")
+        }
+      }
+      return LoopTimerBox(timer)
+    }
+    let deadline = MonotonicClock.seconds() + 10
+    while await loop.submit({ recorder.log.count }) < 66 && MonotonicClock.seconds() < deadline {
+      try await Task.sleep(for: .milliseconds(10))
+    }
+    let log = await loop.submit { recorder.log }
+    let jobs = log.filter { $0.hasPrefix("job") }
+    #expect(jobs == (0..<64).map { "job \($0)" })
+    let timerAt = try #require(log.firstIndex(of: "timer"))
+    let passEndAt = try #require(log.firstIndex(of: "pass end"))
+    #expect(passEndAt < timerAt, "the cut pass's end-of-pass work runs before the loop polls")
+    #expect(timerAt > 5 && timerAt < log.count - 1, "the timer fired between the jobs: \(log)")
+    _ = timer
+  }
+
   /// Work asked with `atPassEnd` runs once the pass over the job queue has run every job, the jobs the pass itself
   /// made included, and before the loop polls again (a timer already due fires after it). Code outside a pass (a C
   /// callback: the timer's) is refused, and nothing runs for it: the kept connection then leaves its request to
@@ -83,6 +118,12 @@ import Testing
     let idle = try EventLoop()
     #expect(!idle.atPassEnd(PassEndRecorder()))
   }
+}
+
+/// Keeps a timer alive outside the loop (it is armed and fires there only).
+private final class LoopTimerBox: @unchecked Sendable {
+  let timer: LoopTimer
+  init(_ timer: LoopTimer) { self.timer = timer }
 }
 
 /// Loop-confined: touched only by jobs and callbacks on the probe's loop.

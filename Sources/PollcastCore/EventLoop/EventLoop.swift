@@ -27,6 +27,8 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   /// True while `drainJobs` runs (loop thread only).
   private var draining = false
   private var wakeEvent: OpaquePointer?
+  /// A zero timeout that continues a pass cut at `jobPassBudget` in the loop's next turn (`drainJobs`).
+  private var continueEvent: OpaquePointer?
   private let loopThreadID = Atomic<UInt>(0)
   private let state = Locked<State>(.idle)
   private let finished = DispatchSemaphore(value: 0)
@@ -39,6 +41,10 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   public private(set) var longestJobPass = 0.0
   public private(set) var slowJobPasses = 0
   public static let slowJobPass = 0.010
+  /// A pass over the job queue runs jobs for about this long at most; the jobs left then run in the loop's next
+  /// turn, after the sockets and timers that became ready meanwhile. A burst of thousands of resumed poll cycles
+  /// (a wave of held polls answered or timed out together) otherwise held every stream for as long as it took.
+  public static let jobPassBudget = 0.005
 
   public init() throws(EventLoopError) {
     _ = EventLoop.enableThreads
@@ -51,10 +57,17 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
       throw EventLoopError(operation: "event_new(wake)")
     }
     wakeEvent = wake
+    guard let again = event_new(base, -1, 0, eventLoopWakeCallback, context) else {
+      event_free(wake)
+      event_base_free(base)
+      throw EventLoopError(operation: "event_new(continue)")
+    }
+    continueEvent = again
   }
 
   deinit {
     if let wakeEvent { event_free(wakeEvent) }
+    if let continueEvent { event_free(continueEvent) }
     event_base_free(base)
   }
 
@@ -102,8 +115,9 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
       pthread_sigmask(SIG_UNBLOCK, &signals, nil)
       loopThreadID.store(UInt(bitPattern: Int(bitPattern: pthread_self())), ordering: .releasing)
       event_base_loop(base, EVLOOP_NO_EXIT_ON_EMPTY)
-      // Run whatever was enqueued before the loop broke so that no continuation is left hanging forever.
-      drainJobs()
+      // Run whatever was enqueued before the loop broke so that no continuation is left hanging forever: all of
+      // it, with no next turn to leave any to.
+      drainJobs(budget: .infinity)
       loopThreadID.store(0, ordering: .releasing)
       state.withLock { $0 = .stopped }
       finished.signal()
@@ -193,7 +207,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
     }
   }
 
-  fileprivate func drainJobs() {
+  fileprivate func drainJobs(budget: Double = EventLoop.jobPassBudget) {
     let started = MonotonicClock.seconds()
     defer {
       let took = MonotonicClock.seconds() - started
@@ -218,14 +232,39 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
       if batch.isEmpty {
         // The queue is empty: the pass's end-of-pass work, then whatever jobs it made (none, so far).
         if passEnd.isEmpty { return }
-        swap(&passEnd, &passEndSpare)
-        for work in passEndSpare { work.passEnded() }
-        passEndSpare.removeAll(keepingCapacity: true)
+        runPassEndWork()
         continue
       }
-      for job in batch { job.runSynchronously(isolatedTo: executor, taskExecutor: taskExecutor) }
+      var index = 0
+      while index < batch.count {
+        batch[index].runSynchronously(isolatedTo: executor, taskExecutor: taskExecutor)
+        index += 1
+        // The clock is read every 16 jobs (a read costs about what a small job does).
+        if index & 15 == 0, index < batch.count, MonotonicClock.seconds() - started > budget {
+          leaveForNextTurn(batch[index...])
+          batch.removeAll(keepingCapacity: true)
+          return
+        }
+      }
       batch.removeAll(keepingCapacity: true)
     }
+  }
+
+  private func runPassEndWork() {
+    swap(&passEnd, &passEndSpare)
+    for work in passEndSpare { work.passEnded() }
+    passEndSpare.removeAll(keepingCapacity: true)
+  }
+
+  /// Cuts the running pass (`jobPassBudget`): the jobs not run yet go back to the front of the queue, ahead of any
+  /// queued since, and run in the next turn, once the loop has polled; the pass's end-of-pass work runs now, as it
+  /// would have at the pass's end. The queue is not empty, so `enqueue` activates nothing until it has been
+  /// drained: a zero timeout brings the next pass (libevent runs it after a poll that does not wait).
+  private func leaveForNextTurn(_ left: ArraySlice<UnownedJob>) {
+    pending.withLock { $0.insert(contentsOf: left, at: 0) }
+    runPassEndWork()
+    var now = timeval(tv_sec: 0, tv_usec: 0)
+    LibeventCall.invariant(event_add(continueEvent, &now), "event_add(continue)")
   }
 }
 

@@ -7,13 +7,14 @@ import CLibevent
 /// always seen (late by at least its length minus the interval) and a shorter one only sometimes: no tick late by
 /// over B ms means no stall longer than B plus the interval. Every tick's lateness goes into a histogram: how many
 /// were late by more than a bound over any window is the difference of two scrapes, where the maximum below is only
-/// ever the run's. libevent times its timers on the coarse monotonic clock (a 4-ms tick on this kernel), so up to
-/// one such tick of lateness is the clock's, not the loop's.
+/// ever the run's. libevent times its timers on the coarse monotonic clock (a 4-ms tick on this kernel), so a few ms
+/// of lateness are the clock's, not the loop's (up to 10 ms on an idle relay here; `EVENT_PRECISE_TIMER=1` in the
+/// environment makes libevent use a precise clock, ~0.1 ms).
 public final class LoopLagProbe: @unchecked Sendable {
   private let loop: EventLoop
   private var timer: LoopTimer?
   private var expected = 0.0
-  public let interval: Double
+  private let interval: Double
   /// Lateness of the last tick, in seconds.
   public private(set) var lastLag = 0.0
   /// The largest lateness seen.

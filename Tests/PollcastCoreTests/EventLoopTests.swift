@@ -104,6 +104,30 @@ import Testing
     _ = timer
   }
 
+  /// The budget counts a pass's jobs across its batches: a chain of jobs that each queue the next (a batch of one
+  /// job each, what a wave of resumed cycles can look like) is cut too, and a due timer fires between its links.
+  @Test func aChainOfJobsQueuingTheNextIsCutToo() async throws {
+    let loop = try EventLoop()
+    loop.start()
+    defer { loop.stop() }
+    let recorder = PassEndRecorder()
+    let timer = await loop.submit {
+      let timer = LoopTimer(loop: loop) { recorder.log.append("timer") }
+      timer.schedule(after: 0)
+      JobChain(loop: loop, recorder: recorder, left: 64).link()
+      return LoopTimerBox(timer)
+    }
+    let deadline = MonotonicClock.seconds() + 10
+    while await loop.submit({ recorder.log.count }) < 65 && MonotonicClock.seconds() < deadline {
+      try await Task.sleep(for: .milliseconds(10))
+    }
+    let log = await loop.submit { recorder.log }
+    #expect(log.filter { $0.hasPrefix("job") } == (0..<64).map { "job \($0)" })
+    let timerAt = try #require(log.firstIndex(of: "timer"))
+    #expect(timerAt > 5 && timerAt < log.count - 1, "the timer fired between the links: \(log)")
+    _ = timer
+  }
+
   /// Work asked with `atPassEnd` runs once the pass over the job queue has run every job, the jobs the pass itself
   /// made included, and before the loop polls again (a timer already due fires after it). Code outside a pass (a C
   /// callback: the timer's) is refused, and nothing runs for it: the kept connection then leaves its request to
@@ -124,6 +148,25 @@ import Testing
 private final class LoopTimerBox: @unchecked Sendable {
   let timer: LoopTimer
   init(_ timer: LoopTimer) { self.timer = timer }
+}
+
+/// Each link sleeps 1 ms, logs and queues the next link as a new job. Loop-confined.
+private final class JobChain: @unchecked Sendable {
+  let loop: EventLoop
+  let recorder: PassEndRecorder
+  let total: Int
+  var done = 0
+  init(loop: EventLoop, recorder: PassEndRecorder, left: Int) {
+    (self.loop, self.recorder, self.total) = (loop, recorder, left)
+  }
+  func link() {
+    loop.execute {
+      usleep(1_000)
+      self.recorder.log.append("job \(self.done)")
+      self.done += 1
+      if self.done < self.total { self.link() }
+    }
+  }
 }
 
 /// Loop-confined: touched only by jobs and callbacks on the probe's loop.

@@ -227,6 +227,9 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
       spare = batch
       draining = false
     }
+    // Jobs run in this pass, across batches: a chain of jobs that each queue the next makes batches of one.
+    var ran = 0
+    var spent = false
     while true {
       pending.withLock { swap(&$0, &batch) }
       if batch.isEmpty {
@@ -235,12 +238,23 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
         runPassEndWork()
         continue
       }
+      if spent {
+        // The budget ran out with the last batch's last job: the batch queued since waits for the next turn.
+        leaveForNextTurn(batch[...])
+        batch.removeAll(keepingCapacity: true)
+        return
+      }
       var index = 0
       while index < batch.count {
         batch[index].runSynchronously(isolatedTo: executor, taskExecutor: taskExecutor)
         index += 1
+        ran += 1
         // The clock is read every 16 jobs: the budget is a coarse bound, and most jobs take microseconds.
-        if index & 15 == 0, index < batch.count, MonotonicClock.seconds() - started > budget {
+        if ran & 15 == 0, MonotonicClock.seconds() - started > budget {
+          guard index < batch.count else {
+            spent = true
+            break
+          }
           leaveForNextTurn(batch[index...])
           batch.removeAll(keepingCapacity: true)
           return
@@ -259,9 +273,13 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   /// Cuts the running pass (`jobPassBudget`): the jobs not run yet go back to the front of the queue, ahead of any
   /// queued since, and run in the next turn, once the loop has polled; the pass's end-of-pass work runs now, as it
   /// would have at the pass's end. The queue is not empty, so `enqueue` activates nothing until it has been
-  /// drained: a zero timeout brings the next pass (libevent runs it after a poll that does not wait).
+  /// drained: a zero timeout brings the next pass (libevent runs it after a poll that does not wait). A job of the
+  /// cut pass that queued another into the then empty queue activated the wake event again; libevent would run it
+  /// right after this pass, before polling, so that activation is taken back (a chain of jobs that each queue the
+  /// next was never cut otherwise). The continuing pass runs `wake`, so a stop asked meanwhile is still seen.
   private func leaveForNextTurn(_ left: ArraySlice<UnownedJob>) {
     pending.withLock { $0.insert(contentsOf: left, at: 0) }
+    LibeventCall.invariant(event_del(wakeEvent), "event_del(wake)")
     runPassEndWork()
     var now = timeval(tv_sec: 0, tv_usec: 0)
     LibeventCall.invariant(event_add(continueEvent, &now), "event_add(continue)")

@@ -36,6 +36,37 @@ import Testing
     }
   }
 
+  /// A refused value, key or option is quoted with its control characters escaped: an escape sequence in a flag, a
+  /// file key or a value never reaches the terminal raw (it could rewrite the screen or the window title), and a
+  /// long one is cut.
+  @Test func refusedValuesAreShownEscapedNeverRaw() throws {
+    let escape = "\u{1b}"
+    let file = FileManager.default.temporaryDirectory.appendingPathComponent("pollcast-esc-\(getpid()).json")
+    let text = #"{"sse": {"\u001b]0;owned\u0007": 1}, "\u001b[2J": {}, "log": {"format": "\u001b[31mred"}}"#
+    try text.write(to: file, atomically: true, encoding: .utf8)
+    defer { try? FileManager.default.removeItem(at: file) }
+    let long = String(repeating: "9", count: 5_000) + escape
+    let refused = try run(
+      binary,
+      [
+        "--config", file.path, "--server-backlog", "1\(escape)[31m", "--listen", "\(escape)[2J:x", "--ring-max-events",
+        long,
+      ])
+    #expect(refused.code == 78)
+    let unprintable = refused.stderr.unicodeScalars.filter { $0.value < 0x20 && $0 != "\n" }
+    #expect(unprintable.isEmpty, "raw control characters in: \(refused.stderr.debugDescription)")
+    for fragment in [
+      #"--server-backlog: expected an integer, got "1\u001b[31m""#, #"unknown key "sse.\u001b]0;owned\u0007""#,
+      #"unknown section "\u001b[2J""#, #"log.format: "\u001b[31mred" is not"#, #""\u001b[2J:x""#,
+    ] {
+      #expect(refused.stderr.contains(fragment), "missing \(fragment) in: \(refused.stderr)")
+    }
+    #expect(refused.stderr.count < 4_000, "a 5,000-character value is cut: \(refused.stderr.count)")
+    let usage = try run(binary, ["--bo\(escape)[1mgus"])
+    #expect(usage.code == 64)
+    #expect(usage.stderr.hasPrefix(#"Error: unknown option --bo\u001b[1mgus"#), "\(usage.stderr.debugDescription)")
+  }
+
   @Test func aPortInUseIsAClearErrorNotACrash() async throws {
     try await RelayHarness.start().run { harness in
       let result = try run(binary, ["--listen", "127.0.0.1:\(harness.port)", "--upstream-url", "http://127.0.0.1:9"])

@@ -82,7 +82,9 @@ public struct CommandLineOptions: Equatable, Sendable {
         options.configPath = try value()
       default:
         guard let key = aliases[name] ?? flags[name] else {
-          throw UsageError(argument.hasPrefix("-") ? "unknown option \(name)" : "unexpected argument \(argument)")
+          throw UsageError(
+            argument.hasPrefix("-")
+              ? "unknown option \(Setting.printable(name))" : "unexpected argument \(Setting.shown(argument))")
         }
         options.overrides.append(Override(key: key, value: try value()))
       }

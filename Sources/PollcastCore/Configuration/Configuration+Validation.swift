@@ -59,7 +59,7 @@ extension Configuration {
     if cors.maxAgeSeconds < 0 { problems.append("cors.max_age_seconds: must not be negative") }
     for origin in cors.allowedOrigins where origin != "*" {
       if !(origin.hasPrefix("http://") || origin.hasPrefix("https://")) || origin.hasSuffix("/") {
-        problems.append("cors.allowed_origins: \"\(origin)\" is not an origin like https://example.com")
+        problems.append("cors.allowed_origins: \(Setting.shown(origin)) is not an origin like https://example.com")
       }
     }
     if cors.allowCredentials && cors.allowedOrigins.contains("*") {
@@ -67,10 +67,11 @@ extension Configuration {
     }
     if Logger.Level(name: log.level) == nil {
       problems.append(
-        "log.level: \"\(log.level)\" is not one of \(Logger.Level.allCases.map(\.name).joined(separator: ", "))")
+        "log.level: \(Setting.shown(log.level)) is not one of \(Logger.Level.allCases.map(\.name).joined(separator: ", "))"
+      )
     }
     if Logger.Format(rawValue: log.format) == nil {
-      problems.append("log.format: \"\(log.format)\" is not logfmt or json")
+      problems.append("log.format: \(Setting.shown(log.format)) is not logfmt or json")
     }
     if server.maxConnections < 0 { problems.append("server.max_connections: must not be negative (0: automatic)") }
     if server.maxConnectionsPerAddress < 0 {
@@ -80,7 +81,7 @@ extension Configuration {
       problems.append("server.max_connections_per_subject: must not be negative (0: no limit)")
     }
     for proxy in server.trustedProxies where AddressBlock(proxy) == nil {
-      problems.append("server.trusted_proxies: \"\(proxy)\" is not an IP address or CIDR block")
+      problems.append("server.trusted_proxies: \(Setting.shown(proxy)) is not an IP address or CIDR block")
     }
     problems += authProblems()
     problems += upstreamProblems()
@@ -136,19 +137,19 @@ extension Configuration {
     switch adapterKind {
     case .chat:
       if !upstream.url.isEmpty && !isHTTP(upstream.url) {
-        problems.append("upstream.url: \"\(redactURL(upstream.url))\" must start with http:// or https://")
+        problems.append("upstream.url: \(Setting.shown(redactURL(upstream.url))) must start with http:// or https://")
       }
       if let problem = OutgoingRequest.problem(inURL: upstream.url) { problems.append("upstream.url: \(problem)") }
     case .generic:
       if !generic.urlTemplate.isEmpty && !isHTTP(generic.urlTemplate) {
         problems.append(
-          "generic.url_template: \"\(redactURL(generic.urlTemplate))\" must start with http:// or https://")
+          "generic.url_template: \(Setting.shown(redactURL(generic.urlTemplate))) must start with http:// or https://")
       }
       for (key, pointer) in [
         ("generic.events_pointer", generic.eventsPointer), ("generic.id_pointer", generic.idPointer),
       ]
       where !pointer.isEmpty && !pointer.hasPrefix("/") {
-        problems.append("\(key): \"\(pointer)\" is not an RFC 6901 pointer (empty, or starting with /)")
+        problems.append("\(key): \(Setting.shown(pointer)) is not an RFC 6901 pointer (empty, or starting with /)")
       }
       for header in generic.headers {
         if case .failure(let error) = OutgoingRequest.header(line: header) {
@@ -160,16 +161,16 @@ extension Configuration {
       }
       if generic.stream.isEmpty { problems.append("generic.stream: must not be empty") }
       if !generic.initialCursor.isEmpty && ResumeDecision.parseEventID(generic.initialCursor) == nil {
-        problems.append("generic.initial_cursor: \"\(generic.initialCursor)\" is not an unsigned integer")
+        problems.append("generic.initial_cursor: \(Setting.shown(generic.initialCursor)) is not an unsigned integer")
       }
       if !(generic.timeoutSeconds > 0) { problems.append("generic.timeout_seconds: must be greater than 0") }
     case .recipe:
       problems += loadedRecipe.problems
     case nil:
-      problems.append("upstream.adapter: \"\(upstream.adapter)\" is not chat, generic or recipe")
+      problems.append("upstream.adapter: \(Setting.shown(upstream.adapter)) is not chat, generic or recipe")
     }
     if UpstreamWorker.StartFrom(rawValue: upstream.startFrom) == nil {
-      problems.append("upstream.start_from: \"\(upstream.startFrom)\" is not latest or earliest")
+      problems.append("upstream.start_from: \(Setting.shown(upstream.startFrom)) is not latest or earliest")
     }
     for (key, value) in [
       ("upstream.poll_timeout_seconds", upstream.pollTimeoutSeconds),
@@ -236,7 +237,8 @@ extension Configuration {
         problems.append("store.redis_url: \(problem)")
       }
       if store.redisPrefix.isEmpty || store.redisPrefix.contains(where: { "{} ".contains($0) }) {
-        problems.append("store.redis_prefix: \"\(store.redisPrefix)\" must be non-empty, without braces or spaces")
+        problems.append(
+          "store.redis_prefix: \(Setting.shown(store.redisPrefix)) must be non-empty, without braces or spaces")
       }
       if !(0.2...600).contains(store.leaseSeconds) {
         problems.append("store.lease_seconds: \(store.leaseSeconds) is not within 0.2-600")
@@ -248,10 +250,10 @@ extension Configuration {
             + " cannot idle on its own count; set it to 0")
       }
     case nil:
-      problems.append("store.kind: \"\(store.kind)\" is not memory, sqlite or redis")
+      problems.append("store.kind: \(Setting.shown(store.kind)) is not memory, sqlite or redis")
     }
     if SQLiteEventStore.Synchronous(rawValue: store.synchronous) == nil {
-      problems.append("store.synchronous: \"\(store.synchronous)\" is not normal or full")
+      problems.append("store.synchronous: \(Setting.shown(store.synchronous)) is not normal or full")
     }
     return problems
   }
@@ -271,13 +273,13 @@ extension Configuration {
   func authProblems() -> [String] {
     var problems: [String] = []
     if CredentialCharset(rawValue: auth.credentialCharset) == nil {
-      problems.append("auth.credential_charset: \"\(auth.credentialCharset)\" is not b64token or visible")
+      problems.append("auth.credential_charset: \(Setting.shown(auth.credentialCharset)) is not b64token or visible")
     }
     if let problem = OutgoingRequest.problem(inHeaderValue: upstream.apiKey, "upstream.api_key") {
       problems.append("upstream.api_key: \(problem)")
     }
     if auth.cookieName.isEmpty || auth.cookieName.contains(where: { " ;=,\t\"".contains($0) }) {
-      problems.append("auth.cookie_name: \"\(auth.cookieName)\" is not a cookie name")
+      problems.append("auth.cookie_name: \(Setting.shown(auth.cookieName)) is not a cookie name")
     }
     if auth.maxFailuresPerMinute < 0 { problems.append("auth.max_failures_per_minute: must not be negative") }
     switch authMode {
@@ -285,7 +287,7 @@ extension Configuration {
       break
     case .jwt:
       if JWTVerifier.Algorithm(rawValue: auth.jwt.algorithm) == nil {
-        problems.append("auth.jwt.algorithm: \"\(auth.jwt.algorithm)\" is not HS256, RS256 or ES256")
+        problems.append("auth.jwt.algorithm: \(Setting.shown(auth.jwt.algorithm)) is not HS256, RS256 or ES256")
       }
       if auth.jwt.keyFile.isEmpty && auth.jwt.keysDirectory.isEmpty {
         problems.append("auth.jwt.key_file: auth.mode jwt needs a key file or auth.jwt.keys_directory")
@@ -310,7 +312,7 @@ extension Configuration {
       }
       if upstream.maxTotalRingBytes < 1 { problems.append("upstream.max_total_ring_bytes: must be at least 1") }
     case nil:
-      problems.append("auth.mode: \"\(auth.mode)\" is not none, jwt or upstream")
+      problems.append("auth.mode: \(Setting.shown(auth.mode)) is not none, jwt or upstream")
     }
     return problems
   }

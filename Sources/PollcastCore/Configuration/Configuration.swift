@@ -241,18 +241,20 @@ public struct ListenAddress: Equatable, Sendable {
     let portText: Substring
     if text.hasPrefix("[") {
       guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else {
-        throw ConfigurationError("\"\(text)\" is not [IPv6]:PORT")
+        throw ConfigurationError("\(Setting.shown(text)) is not [IPv6]:PORT")
       }
       host = text[text.index(after: text.startIndex)..<close]
       portText = text[text.index(close, offsetBy: 2)...]
     } else {
-      guard let colon = text.lastIndex(of: ":") else { throw ConfigurationError("\"\(text)\" is not HOST:PORT") }
+      guard let colon = text.lastIndex(of: ":") else {
+        throw ConfigurationError("\(Setting.shown(text)) is not HOST:PORT")
+      }
       host = text[..<colon]
       portText = text[text.index(after: colon)...]
     }
-    guard !host.isEmpty else { throw ConfigurationError("\"\(text)\" has no host") }
+    guard !host.isEmpty else { throw ConfigurationError("\(Setting.shown(text)) has no host") }
     guard let port = Int(portText), (0...65535).contains(port) else {
-      throw ConfigurationError("\"\(text)\" has no valid port (0-65535; 0 picks a free one)")
+      throw ConfigurationError("\(Setting.shown(text)) has no valid port (0-65535; 0 picks a free one)")
     }
     return ListenAddress(host: String(host), port: port)
   }

@@ -23,19 +23,19 @@ public struct ConfigurationLoader {
     for (alias, key) in Self.environmentAliases { byEnvironmentName[alias] = byKey[key] }
     for (name, value) in environment.sorted(by: { $0.key < $1.key }) where name.hasPrefix("POLLCAST_") {
       if name == "POLLCAST_UPSTREAM_CLIENT", !["auto", "curl"].contains(value.lowercased()) {
-        problems.append("\(name): \"\(value.prefix(40))\" is not auto or curl")
+        problems.append("\(name): \(Setting.shown(value)) is not auto or curl")
         continue
       }
       if Self.nonSettingVariables.contains(name) { continue }
       guard let setting = byEnvironmentName[name] else {
-        problems.append("\(name): unknown POLLCAST_ variable")
+        problems.append("\(Setting.printable(name)): unknown POLLCAST_ variable")
         continue
       }
       if let problem = setting.applyText(&config, value) { problems.append("\(name): \(problem)") }
     }
     for (key, value) in overrides {
       guard let setting = byKey[key] else {
-        problems.append("\(key): unknown setting")
+        problems.append("\(Setting.printable(key)): unknown setting")
         continue
       }
       if let problem = setting.applyText(&config, value) { problems.append("\(setting.flag): \(problem)") }
@@ -67,11 +67,11 @@ public struct ConfigurationLoader {
     let sections = Set(Configuration.settings.map { String($0.key.split(separator: ".")[0]) })
     for sectionName in root.keys.sorted() {
       guard sections.contains(sectionName) else {
-        problems.append("\(name): unknown section \"\(sectionName)\"")
+        problems.append("\(name): unknown section \(Setting.shown(sectionName))")
         continue
       }
       guard case .object(let section) = root[sectionName]! else {
-        problems.append("\(name): \"\(sectionName)\" must be an object")
+        problems.append("\(name): \(Setting.shown(sectionName)) must be an object")
         continue
       }
       apply(section, prefix: sectionName)
@@ -85,7 +85,7 @@ public struct ConfigurationLoader {
         } else if case .object(let nested) = object[key]!, byKey.keys.contains(where: { $0.hasPrefix(path + ".") }) {
           apply(nested, prefix: path)
         } else {
-          problems.append("\(name): unknown key \"\(path)\"")
+          problems.append("\(name): unknown key \(Setting.shown(path))")
         }
       }
     }

@@ -21,6 +21,15 @@ public struct Setting: Sendable {
     "--" + key.replacingOccurrences(of: ".", with: "-").replacingOccurrences(of: "_", with: "-")
   }
 
+  /// A refused value as an error shows it: quoted, its control characters escaped (an escape sequence in a bad
+  /// flag, environment value or file key must not reach a terminal or a log line raw), and cut after 64 characters.
+  static func shown(_ text: String) -> String { "\"" + printable(text) + "\"" }
+
+  /// `shown` without the quotes, for a name an error starts with (a variable's, a flag's).
+  static func printable(_ text: String) -> String {
+    JSONText.quoted(text.count > 64 ? text.prefix(63) + "…" : text).dropFirst().dropLast().description
+  }
+
   static func int(
     _ key: String, _ path: WritableKeyPath<Configuration, Int> & Sendable, _ summary: String
   ) -> Setting {
@@ -34,7 +43,7 @@ public struct Setting: Sendable {
         return nil
       },
       applyText: { config, text in
-        guard let int = Int(text) else { return "expected an integer, got \"\(text)\"" }
+        guard let int = Int(text) else { return "expected an integer, got \(shown(text))" }
         config[keyPath: path] = int
         return nil
       })
@@ -53,7 +62,7 @@ public struct Setting: Sendable {
         return nil
       },
       applyText: { config, text in
-        guard let double = Double(text), double.isFinite else { return "expected a number, got \"\(text)\"" }
+        guard let double = Double(text), double.isFinite else { return "expected a number, got \(shown(text))" }
         config[keyPath: path] = double
         return nil
       })
@@ -111,7 +120,7 @@ public struct Setting: Sendable {
         switch text.lowercased() {
         case "true", "1", "yes", "on": config[keyPath: path] = true
         case "false", "0", "no", "off": config[keyPath: path] = false
-        default: return "expected true or false, got \"\(text)\""
+        default: return "expected true or false, got \(shown(text))"
         }
         return nil
       })

@@ -164,8 +164,19 @@ public enum PollcastCommand {
     init(_ code: Int32) { self.code = code }
   }
 
+  /// Writes to stderr with every control character but the line feed escaped (`\u{1b}`): a message may quote a
+  /// value from a flag, a variable or a file, and an escape sequence in one must not reach the terminal raw.
   static func printError(_ text: String) {
-    FileHandle.standardError.write(Data(text.utf8))
+    var shown = ""
+    shown.reserveCapacity(text.utf8.count)
+    for scalar in text.unicodeScalars {
+      if (scalar.value < 0x20 && scalar != "\n") || scalar.value == 0x7F {
+        shown += "\\u{" + String(scalar.value, radix: 16) + "}"
+      } else {
+        shown.unicodeScalars.append(scalar)
+      }
+    }
+    FileHandle.standardError.write(Data(shown.utf8))
   }
 }
 

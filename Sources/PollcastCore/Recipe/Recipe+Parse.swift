@@ -70,21 +70,24 @@ struct RecipeReader {
   /// Why `text` is not an RFC 6901 pointer (with at most one `*` segment when `wildcard`), or nil.
   static func pointerProblem(_ text: String, wildcard: Bool) -> String? {
     if text.isEmpty { return nil }
-    guard text.hasPrefix("/") else { return "\"\(text)\" is not a JSON pointer (it must be empty or start with /)" }
+    guard text.hasPrefix("/") else {
+      return "\(Setting.shown(text)) is not a JSON pointer (it must be empty or start with /)"
+    }
     let segments = text.split(separator: "/", omittingEmptySubsequences: false).dropFirst()
     for segment in segments {
       var index = segment.startIndex
       while let tilde = segment[index...].firstIndex(of: "~") {
         let next = segment.index(after: tilde)
         guard next < segment.endIndex, segment[next] == "0" || segment[next] == "1" else {
-          return "\"\(text)\": ~ must be followed by 0 or 1"
+          return "\(Setting.shown(text)): ~ must be followed by 0 or 1"
         }
         index = segment.index(after: next)
       }
     }
     let stars = segments.filter { $0 == "*" }.count
     if stars > (wildcard ? 1 : 0) {
-      return wildcard ? "\"\(text)\" has more than one * segment" : "\"\(text)\": * is not allowed here"
+      return wildcard
+        ? "\(Setting.shown(text)) has more than one * segment" : "\(Setting.shown(text)): * is not allowed here"
     }
     return nil
   }
@@ -256,7 +259,7 @@ struct RecipeReader {
           if !cursor {
             reader.append("\(path): {\(name)} is only known in the poll")
           } else if !recipe.cursor.value.contains(where: { $0.part == part }) {
-            reader.append("\(path): {\(name)} but recipe.cursor.value has no part \"\(part)\"")
+            reader.append("\(path): {\(name)} but recipe.cursor.value has no part \(Setting.shown(part))")
           }
         case .name(let name) where !known.contains(name):
           reader.append("\(path): {\(name)} but no var or earlier session step's extract defines \(name)")
@@ -309,7 +312,8 @@ struct RecipeReader {
     if let fetch = recipe.fetch { polling += fetch.templates("recipe.fetch") }
     for (path, template) in polling { check(path, template, cursor: true, reader: &found) }
     for (index, name) in recipe.cursor.session.enumerated() where !recipe.sessionNames.contains(name) {
-      found.append("recipe.cursor.session[\(index)]: session value \"\(name)\" is not extracted by any session step")
+      found.append(
+        "recipe.cursor.session[\(index)]: session value \(Setting.shown(name)) is not extracted by any session step")
     }
     if !recipe.cursor.session.isEmpty {
       // A relay restarted with a stored cursor polls with the session values kept with it, and no others.
@@ -322,7 +326,8 @@ struct RecipeReader {
       }
     }
     if case .session(let name) = recipe.cursor.initial?.origin, !recipe.sessionNames.contains(name) {
-      found.append("recipe.cursor.initial.name: session value \"\(name)\" is not extracted by any session step")
+      found.append(
+        "recipe.cursor.initial.name: session value \(Setting.shown(name)) is not extracted by any session step")
     }
     if case .template(let template)? = recipe.events.id?.origin {
       check("recipe.poll.events.id.template", template, cursor: true, reader: &found)

@@ -26,7 +26,7 @@ extension RecipeReader {
       if let parsed = Recipe.Events.Format(rawValue: text) {
         format = parsed
       } else {
-        problem("\(path).format", "\"\(text)\" is not json or raw")
+        problem("\(path).format", "\(Setting.shown(text)) is not json or raw")
       }
     }
     var id: Recipe.Source?
@@ -79,7 +79,7 @@ extension RecipeReader {
     }
     if let from = string(members["from"], "\(path).from") {
       if from != "session" {
-        problem("\(path).from", "\"\(from)\" is not session (a sync step is not supported yet)")
+        problem("\(path).from", "\(Setting.shown(from)) is not session (a sync step is not supported yet)")
       } else if let name = string(members["name"], "\(path).name") {
         origins.append(.session(name))
       } else {
@@ -111,7 +111,7 @@ extension RecipeReader {
       switch unit {
       case "s": source.milliseconds = false
       case "ms": source.milliseconds = true
-      default: problem("\(path).unit", "\"\(unit)\" is not s or ms")
+      default: problem("\(path).unit", "\(Setting.shown(unit)) is not s or ms")
       }
     }
     return source
@@ -129,12 +129,12 @@ extension RecipeReader {
       switch type {
       case "integer": cursor.opaque = false
       case "opaque": cursor.opaque = true
-      default: problem("recipe.cursor.type", "\"\(type)\" is not integer or opaque")
+      default: problem("recipe.cursor.type", "\(Setting.shown(type)) is not integer or opaque")
       }
     }
     if let scope = string(members["scope"], "recipe.cursor.scope") {
       if scope != "global" && scope != "stream" {
-        problem("recipe.cursor.scope", "\"\(scope)\" is not global (one cursor) or stream (one per stream)")
+        problem("recipe.cursor.scope", "\(Setting.shown(scope)) is not global (one cursor) or stream (one per stream)")
       }
       cursor.scope = scope
     }
@@ -150,7 +150,7 @@ extension RecipeReader {
       if let join = string(fields["join"], "recipe.cursor.list.join") { cursor.listJoin = join }
     }
     if let backwards = string(members["backwards"], "recipe.cursor.backwards"), backwards != "follow" {
-      problem("recipe.cursor.backwards", "\"\(backwards)\": only follow is supported yet (see cursor.index)")
+      problem("recipe.cursor.backwards", "\(Setting.shown(backwards)): only follow is supported yet (see cursor.index)")
     }
     let sourceKeys: Set<String> = ["body", "header", "event", "const", "from", "name", "add", "unit", "optional"]
     if let valueMember = members["value"] {
@@ -277,7 +277,8 @@ extension RecipeReader {
     }
     let step = string(members["step"], "\(path).step") ?? "poll"
     if !["poll", "session", "fetch", "sync", "*"].contains(step) {
-      problem("\(path).step", "\"\(step)\" is not poll, session, fetch, sync or * (so the rule could never match)")
+      problem(
+        "\(path).step", "\(Setting.shown(step)) is not poll, session, fetch, sync or * (so the rule could never match)")
     }
     if step == "fetch" && !hasFetch { problem("\(path).step", "the recipe has no fetch step to match") }
     if step == "session" && !hasSession { problem("\(path).step", "the recipe has no session step to match") }
@@ -318,7 +319,8 @@ extension RecipeReader {
         actions = [action]
       } else {
         problem(
-          "\(path).do", "\"\(text)\" is not one of \(Recipe.Action.allCases.map(\.rawValue).joined(separator: ", "))")
+          "\(path).do",
+          "\(Setting.shown(text)) is not one of \(Recipe.Action.allCases.map(\.rawValue).joined(separator: ", "))")
       }
     case .array(let list)?:
       for (index, item) in list.enumerated() {

@@ -67,6 +67,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
   /// was held in C callbacks.
   private var jobPassMax: (first: Double?, last: Double) = (nil, 0)
   private var slowPasses: (first: Int?, last: Int) = (nil, 0)
+  private var cutPasses: (first: Int?, last: Int) = (nil, 0)
   /// The relay's probe-lateness histogram (`pollcast_event_loop_lateness_seconds`) at the first and last sample of
   /// the phase, by bucket bound ("+Inf": every tick): the ticks late by over a bound in the phase are the
   /// difference, where the lag above is only what the scrapes happened to see.
@@ -294,6 +295,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     lagSamples = 0
     jobPassMax = (nil, 0)
     slowPasses = (nil, 0)
+    cutPasses = (nil, 0)
     lateness = (nil, [:])
     guard lagTimer == nil else { return }
     let url = "http://\(target.host)/metrics"
@@ -310,8 +312,9 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
     lagTimer = nil
     lagPhase += 1
     var jobPass = String(
-      format: "longest Swift job pass since start %.1f -> %.1f ms, passes over 10 ms in the phase: %d",
-      (jobPassMax.first ?? 0) * 1000, jobPassMax.last * 1000, slowPasses.last - (slowPasses.first ?? 0))
+      format: "longest Swift job pass since start %.1f -> %.1f ms, passes over 10 ms in the phase: %d, cut at 5 ms: %d",
+      (jobPassMax.first ?? 0) * 1000, jobPassMax.last * 1000, slowPasses.last - (slowPasses.first ?? 0),
+      cutPasses.last - (cutPasses.first ?? 0))
     // Ticks in the phase, and those late by over a bound: (all - at most the bound) at the end less at the start.
     func ticks(over bound: String?) -> Int? {
       guard let first = lateness.first, let all = lateness.last["+Inf"], let firstAll = first["+Inf"] else {
@@ -342,6 +345,7 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
       let prefix = "pollcast_event_loop_lag_seconds "
       let passPrefix = "pollcast_event_loop_job_pass_max_seconds "
       let slowPrefix = "pollcast_event_loop_slow_job_passes_total "
+      let cutPrefix = "pollcast_event_loop_cut_job_passes_total "
       let latenessPrefix = "pollcast_event_loop_lateness_seconds_bucket{le=\""
       var buckets: [String: Int] = [:]
       let text = String(decoding: response.body, as: UTF8.self)
@@ -353,6 +357,8 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
           jobPassMax = (jobPassMax.first ?? pass, pass)
         } else if line.hasPrefix(slowPrefix), let slow = Int(line.dropFirst(slowPrefix.count)) {
           slowPasses = (slowPasses.first ?? slow, slow)
+        } else if line.hasPrefix(cutPrefix), let cut = Int(line.dropFirst(cutPrefix.count)) {
+          cutPasses = (cutPasses.first ?? cut, cut)
         } else if line.hasPrefix(latenessPrefix) {
           let labelAndCount = line.dropFirst(latenessPrefix.count).split(separator: "\"} ")
           if labelAndCount.count == 2, let count = Int(labelAndCount[1]) { buckets[String(labelAndCount[0])] = count }

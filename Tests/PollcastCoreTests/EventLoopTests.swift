@@ -97,6 +97,7 @@ import Testing
     let log = await loop.submit { recorder.log }
     let jobs = log.filter { $0.hasPrefix("job") }
     #expect(jobs == (0..<64).map { "job \($0)" })
+    #expect(await loop.submit { loop.cutJobPasses } >= 2, "cut at least twice: 64 ms of jobs with a 5-ms budget")
     let timerAt = try #require(log.firstIndex(of: "timer"))
     let passEndAt = try #require(log.firstIndex(of: "pass end"))
     #expect(passEndAt < timerAt, "the cut pass's end-of-pass work runs before the loop polls")

@@ -65,6 +65,7 @@ import Testing
         "pollcast_resets_total{reason=\"too_old\"} 0", "pollcast_event_loop_lag_seconds",
         "# TYPE pollcast_event_loop_lateness_seconds histogram",
         "pollcast_event_loop_lateness_seconds_bucket{le=\"0.02\"}",
+        "# TYPE pollcast_event_loop_cut_job_passes_total counter",
         "pollcast_slow_consumer_disconnects_total 0", "# TYPE pollcast_sent_bytes_total counter",
       ] {
         #expect(metrics.contains(name), "missing \(name)")

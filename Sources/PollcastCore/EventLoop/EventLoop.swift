@@ -40,6 +40,8 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   /// (libcurl, libevent I/O). Loop-confined: written by the loop thread, read there (`/metrics`).
   public private(set) var longestJobPass = 0.0
   public private(set) var slowJobPasses = 0
+  /// Passes cut at `jobPassBudget`, their jobs left to the next turn (loop-confined, like the two above).
+  public private(set) var cutJobPasses = 0
   public static let slowJobPass = 0.010
   /// A pass over the job queue runs jobs for about this long at most; the jobs left then run in the loop's next
   /// turn, after the sockets and timers that became ready meanwhile. A burst of thousands of resumed poll cycles
@@ -279,6 +281,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   /// next was never cut otherwise). The continuing pass runs `wake`, so a stop asked meanwhile is still seen.
   private func leaveForNextTurn(_ left: ArraySlice<UnownedJob>) {
     pending.withLock { $0.insert(contentsOf: left, at: 0) }
+    cutJobPasses += 1
     LibeventCall.invariant(event_del(wakeEvent), "event_del(wake)")
     runPassEndWork()
     var now = timeval(tv_sec: 0, tv_usec: 0)

@@ -4,7 +4,7 @@ public enum Metrics {
     _ stats: FeedStatistics, upstream: UpstreamStatistics? = nil,
     loopLag: (last: Double, max: Double, lateness: Histogram)? = nil,
     protection: SSEServer.ProtectionCounters? = nil, accounts: AccountHub.Statistics? = nil,
-    store: StoreStatistics? = nil, jobPasses: (longest: Double, slow: Int)? = nil
+    store: StoreStatistics? = nil, jobPasses: (longest: Double, slow: Int, cut: Int)? = nil
   ) -> String {
     var stats = stats
     if let accounts { stats.absorb(accounts.feeds) }
@@ -107,6 +107,10 @@ public enum Metrics {
       metric(
         "pollcast_event_loop_slow_job_passes_total", "counter", "Loop passes running Swift jobs that took over 10 ms.",
         [("", String(jobPasses.slow))])
+      metric(
+        "pollcast_event_loop_cut_job_passes_total", "counter",
+        "Loop passes running Swift jobs cut after 5 ms, their other jobs left to the next turn.",
+        [("", String(jobPasses.cut))])
     }
     if let protection {
       metric(

@@ -153,7 +153,7 @@ public final class Relay: Sendable {
         Metrics.render(
           stats, upstream: upstream, loopLag: (lagProbe.lastLag, lagProbe.maxLag, lagProbe.lateness),
           protection: protection,
-          accounts: accounts, store: store, jobPasses: (loop.longestJobPass, loop.slowJobPasses))
+          accounts: accounts, store: store, jobPasses: (loop.longestJobPass, loop.slowJobPasses, loop.cutJobPasses))
       )
     }
     if let hub {

@@ -77,9 +77,7 @@ import Testing
     loop.start()
     defer { loop.stop() }
     let recorder = PassEndRecorder()
-    let timer = await loop.submit {
-      let timer = LoopTimer(loop: loop) { recorder.log.append("timer") }
-      timer.schedule(after: 0)
+    let log = try await logWithADueTimer(loop, recorder, until: 66) {
       #expect(loop.atPassEnd(recorder))
       // 1 ms each: the budget (5 ms) is spent well before the 64th.
       for index in 0..<64 {
@@ -88,13 +86,7 @@ import Testing
           recorder.log.append("job \(index)")
         }
       }
-      return LoopTimerBox(timer)
     }
-    let deadline = MonotonicClock.seconds() + 10
-    while await loop.submit({ recorder.log.count }) < 66 && MonotonicClock.seconds() < deadline {
-      try await Task.sleep(for: .milliseconds(10))
-    }
-    let log = await loop.submit { recorder.log }
     let jobs = log.filter { $0.hasPrefix("job") }
     #expect(jobs == (0..<64).map { "job \($0)" })
     #expect(await loop.submit { loop.cutJobPasses } >= 2, "cut at least twice: 64 ms of jobs with a 5-ms budget")
@@ -102,7 +94,6 @@ import Testing
     let passEndAt = try #require(log.firstIndex(of: "pass end"))
     #expect(passEndAt < timerAt, "the cut pass's end-of-pass work runs before the loop polls")
     #expect(timerAt > 5 && timerAt < log.count - 1, "the timer fired between the jobs: \(log)")
-    _ = timer
   }
 
   /// The budget counts a pass's jobs across its batches: a chain of jobs that each queue the next (a batch of one
@@ -112,21 +103,32 @@ import Testing
     loop.start()
     defer { loop.stop() }
     let recorder = PassEndRecorder()
-    let timer = await loop.submit {
-      let timer = LoopTimer(loop: loop) { recorder.log.append("timer") }
-      timer.schedule(after: 0)
+    let log = try await logWithADueTimer(loop, recorder, until: 65) {
       JobChain(loop: loop, recorder: recorder, left: 64).link()
-      return LoopTimerBox(timer)
     }
-    let deadline = MonotonicClock.seconds() + 10
-    while await loop.submit({ recorder.log.count }) < 65 && MonotonicClock.seconds() < deadline {
-      try await Task.sleep(for: .milliseconds(10))
-    }
-    let log = await loop.submit { recorder.log }
     #expect(log.filter { $0.hasPrefix("job") } == (0..<64).map { "job \($0)" })
     let timerAt = try #require(log.firstIndex(of: "timer"))
     #expect(timerAt > 5 && timerAt < log.count - 1, "the timer fired between the links: \(log)")
-    _ = timer
+  }
+
+  /// Arms a timer due at once and runs `queue` in the same job on the loop; returns the recorder's log once it holds
+  /// `count` entries (or after 10 s).
+  private func logWithADueTimer(
+    _ loop: EventLoop, _ recorder: PassEndRecorder, until count: Int, _ queue: @escaping @Sendable () -> Void
+  ) async throws -> [String] {
+    let timer = await loop.submit {
+      let timer = LoopTimer(loop: loop) { recorder.log.append("timer") }
+      timer.schedule(after: 0)
+      queue()
+      return LoopTimerBox(timer)
+    }
+    let deadline = MonotonicClock.seconds() + 10
+    while await loop.submit({ recorder.log.count }) < count && MonotonicClock.seconds() < deadline {
+      try await Task.sleep(for: .milliseconds(10))
+    }
+    let log = await loop.submit { recorder.log }
+    withExtendedLifetime(timer) {}
+    return log
   }
 
   /// Work asked with `atPassEnd` runs once the pass over the job queue has run every job, the jobs the pass itself

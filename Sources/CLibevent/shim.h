@@ -13,6 +13,7 @@
 #include <arpa/inet.h>
 #include <signal.h>
 #include <pthread.h>
+#include <sys/prctl.h>
 
 #include <event2/event.h>
 #include <event2/thread.h>
@@ -22,6 +23,11 @@
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
 #include <event2/util.h>
+
+// Names the calling thread for the kernel (its comm: 15 bytes at most): prctl is variadic, which Swift cannot call.
+static inline int pollcast_name_this_thread(const char *name) {
+  return prctl(PR_SET_NAME, (unsigned long)name, 0UL, 0UL, 0UL);
+}
 
 // libevent's EV_* flags are macros of type int; give Swift typed constants.
 static const short pollcast_EV_TIMEOUT = EV_TIMEOUT;

@@ -15,6 +15,15 @@ import Testing
     }
   }
 
+  /// The loop thread carries its name in the kernel (`top -H`, `perf`, `/proc/PID/task/*/comm`).
+  @Test func theLoopThreadIsNamedForTheKernel() async throws {
+    let loop = try EventLoop()
+    loop.start()
+    defer { loop.stop() }
+    let name = await loop.submit { try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8) }
+    #expect(name == "pollcast-loop\n")
+  }
+
   /// `nextTurn` returns only after the loop made a pass: a timer already due fires first (a `Task.yield` on the
   /// loop would run again in the same drain, before any socket or timer).
   @Test func nextTurnLetsDueWorkRunFirst() async throws {

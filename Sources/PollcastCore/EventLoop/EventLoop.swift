@@ -115,6 +115,9 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
       sigemptyset(&signals)
       for signum in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&signals, signum) }
       pthread_sigmask(SIG_UNBLOCK, &signals, nil)
+      // The kernel's name (top -H, perf, /proc/PID/task/*/comm; 15 bytes at most): Foundation's `Thread.name` does
+      // not reach it, and the loop showed as the runtime's "oot.default-qos".
+      _ = pollcast_name_this_thread("pollcast-loop")
       loopThreadID.store(UInt(bitPattern: Int(bitPattern: pthread_self())), ordering: .releasing)
       event_base_loop(base, EVLOOP_NO_EXIT_ON_EMPTY)
       // Run whatever was enqueued before the loop broke so that no continuation is left hanging forever: all of

@@ -62,6 +62,10 @@ import Testing
       #expect(refused.stderr.contains(fragment), "missing \(fragment) in: \(refused.stderr)")
     }
     #expect(refused.stderr.count < 4_000, "a 5,000-character value is cut: \(refused.stderr.count)")
+    // What a message quotes as is (a file name) is escaped on its way to stderr.
+    let missing = try run(binary, ["--config", "/nonexistent/\(escape)[2J.json"])
+    #expect(missing.code == 78)
+    #expect(missing.stderr.contains(#"/nonexistent/\u001b[2J.json"#), "\(missing.stderr.debugDescription)")
     let usage = try run(binary, ["--bo\(escape)[1mgus"])
     #expect(usage.code == 64)
     #expect(usage.stderr.hasPrefix(#"Error: unknown option --bo\u001b[1mgus"#), "\(usage.stderr.debugDescription)")

@@ -164,14 +164,15 @@ public enum PollcastCommand {
     init(_ code: Int32) { self.code = code }
   }
 
-  /// Writes to stderr with every control character but the line feed escaped (`\u{1b}`): a message may quote a
-  /// value from a flag, a variable or a file, and an escape sequence in one must not reach the terminal raw.
+  /// Writes to stderr with every control character but the line feed escaped as JSON escapes it (`\u001b`), as
+  /// `Setting.shown` quotes a refused value: whatever a message quotes unquoted never reaches the terminal raw.
   static func printError(_ text: String) {
     var shown = ""
     shown.reserveCapacity(text.utf8.count)
     for scalar in text.unicodeScalars {
       if (scalar.value < 0x20 && scalar != "\n") || scalar.value == 0x7F {
-        shown += "\\u{" + String(scalar.value, radix: 16) + "}"
+        let hex = String(scalar.value, radix: 16)
+        shown += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
       } else {
         shown.unicodeScalars.append(scalar)
       }

@@ -113,7 +113,7 @@ import Testing
     defer { loop.stop() }
     let recorder = PassEndRecorder()
     let log = try await logWithADueTimer(loop, recorder, until: 65) {
-      JobChain(loop: loop, recorder: recorder, left: 64).link()
+      JobChain(loop: loop, recorder: recorder, links: 64).link()
     }
     #expect(log.filter { $0.hasPrefix("job") } == (0..<64).map { "job \($0)" })
     let timerAt = try #require(log.firstIndex(of: "timer"))
@@ -166,17 +166,17 @@ private final class LoopTimerBox: @unchecked Sendable {
 private final class JobChain: @unchecked Sendable {
   let loop: EventLoop
   let recorder: PassEndRecorder
-  let total: Int
+  let links: Int
   var done = 0
-  init(loop: EventLoop, recorder: PassEndRecorder, left: Int) {
-    (self.loop, self.recorder, self.total) = (loop, recorder, left)
+  init(loop: EventLoop, recorder: PassEndRecorder, links: Int) {
+    (self.loop, self.recorder, self.links) = (loop, recorder, links)
   }
   func link() {
     loop.execute {
       usleep(1_000)
       self.recorder.log.append("job \(self.done)")
       self.done += 1
-      if self.done < self.total { self.link() }
+      if self.done < self.links { self.link() }
     }
   }
 }

@@ -24,14 +24,18 @@ public enum JSONText {
         case "\n": out += "\\n"
         case "\r": out += "\\r"
         case "\t": out += "\\t"
-        case let s where s.value < 0x20 || s.value == 0x2028 || s.value == 0x2029:
-          let hex = String(s.value, radix: 16)
-          out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+        case let s where s.value < 0x20 || s.value == 0x2028 || s.value == 0x2029: appendUnicodeEscape(s, to: &out)
         default: out.unicodeScalars.append(scalar)
         }
       }
     }
     out += "\""
+  }
+
+  /// Appends JSON's `\uXXXX` escape of a scalar of the Basic Multilingual Plane (a control character, U+2028).
+  static func appendUnicodeEscape(_ scalar: Unicode.Scalar, to out: inout String) {
+    let hex = String(scalar.value, radix: 16)
+    out += "\\u" + String(repeating: "0", count: max(0, 4 - hex.count)) + hex
   }
 
   /// An object from ordered key/value pairs whose values are already JSON text.

@@ -171,8 +171,7 @@ public enum PollcastCommand {
     shown.reserveCapacity(text.utf8.count)
     for scalar in text.unicodeScalars {
       if (scalar.value < 0x20 && scalar != "\n") || scalar.value == 0x7F {
-        let hex = String(scalar.value, radix: 16)
-        shown += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+        JSONText.appendUnicodeEscape(scalar, to: &shown)
       } else {
         shown.unicodeScalars.append(scalar)
       }

@@ -34,6 +34,37 @@ import Testing
     }
   }
 
+  /// The periodic re-check walks the accounts in loop turns: with one account per turn, the revoked secondary keys
+  /// of accounts visited in later turns end their streams too, and the accounts' own keys read on.
+  @Test func theReCheckWalkInTurnsReachesEveryAccount() async throws {
+    var settings = AccountsHarness.fastSettings(credentialCache: 1)
+    settings.accountsPerWalkTurn = 1
+    try await AccountsHarness.start(accounts: 4, hub: settings).run { harness in
+      let users = ["1000", "1001", "1002", "1003"]
+      var mains: [TestSSEClient] = []
+      var phones: [TestSSEClient] = []
+      for user in users {
+        await harness.fixture.addKey("phone-\(user)", for: user)
+        let main = try harness.client("key-\(user)")
+        try main.waitUntil("live \(user)", Self.isLive)
+        let phone = try harness.client("phone-\(user)")
+        try phone.waitUntil("live phone \(user)", Self.isLive)
+        (mains, phones) = (mains + [main], phones + [phone])
+      }
+      for user in users { await harness.fixture.revokeKey("phone-\(user)") }
+      for (user, phone) in zip(users, phones) {
+        try phone.waitUntil(timeout: 8, "credential-revoked \(user)") {
+          !$0.events(ofType: "credential-revoked").isEmpty
+        }
+      }
+      for (user, main) in zip(users, mains) {
+        await harness.fixture.append(user: user, texts: ["after \(user)"])
+        try main.waitUntil("the message after, \(user)") { $0.relayedMessages.map(\.text).contains("after \(user)") }
+        #expect(main.events(ofType: "credential-revoked").isEmpty)
+      }
+    }
+  }
+
   @Test func aVanishedClientsKeyCheckFreesItsSlotAtOnce() async throws {
     let capture = try CapturingServer(respond: { _, request in
       if request.headers.contains(where: { $0.value.contains("slow-key") }) { Thread.sleep(forTimeInterval: 4) }

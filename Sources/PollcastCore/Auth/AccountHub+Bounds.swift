@@ -116,9 +116,17 @@ extension AccountHub {
   /// the next scrape, from zero. The accounts are taken by sharing the table's storage, not by copying its values:
   /// the copy touched every account before the first turn (~4 ms at 9,000 accounts, in the same loop pass as that
   /// turn). A change to the table while a walk holds it copies the table once, in the job that changes it.
-  public func statisticsInTurns(turn: Int = 1000, budget: Double = 0.002) async -> Statistics {
-    let walk = accounts
+  public func statisticsInTurns(turn: Int? = nil, budget: Double = 0.002) async -> Statistics {
     var tally = StatisticsTally(retired: retiredFeeds)
+    await forEachAccountInTurns(turn: turn ?? settings.accountsPerWalkTurn, budget: budget) { tally.add($0) }
+    return finish(tally)
+  }
+
+  /// Visits every account kept when the walk starts, in loop turns of at most `turn` accounts or `budget` seconds,
+  /// whichever comes first (`statisticsInTurns` says why both). The accounts are taken by sharing the table's
+  /// storage: a change to the table while a walk holds it copies the table once, in the job that changes it.
+  func forEachAccountInTurns(turn: Int, budget: Double = 0.002, _ visit: (Account) -> Void) async {
+    let walk = accounts
     var inTurn = 0
     var turnStarted = MonotonicClock.seconds()
     for account in walk.values {
@@ -128,15 +136,14 @@ extension AccountHub {
         inTurn = 0
         turnStarted = MonotonicClock.seconds()
       }
-      tally.add(account)
+      visit(account)
       inTurn += 1
     }
-    return finish(tally)
   }
 
   /// `statisticsInTurns`, one walk at a time: a scrape that arrives while a walk runs gets that walk's figures (begun
   /// at most one walk's time before it asked), so several scrapers at once cost one walk, not one each.
-  public func sharedStatisticsInTurns(turn: Int = 1000) async -> Statistics {
+  public func sharedStatisticsInTurns(turn: Int? = nil) async -> Statistics {
     if let walk = statisticsWalk { return await walk.value }
     let walk = Task {
       let statistics = await statisticsInTurns(turn: turn)

@@ -38,6 +38,9 @@ public actor AccountHub {
     public var maxPendingChecks = 1000
     /// Refused credentials remembered (by digest) at most.
     public var refusedCapacity = 10_000
+    /// Accounts a walk over all of them (a `/metrics` scrape, the periodic key re-check) visits in one loop turn at
+    /// most; a turn also ends after 2 ms. Not a configuration key: tests set 1 to spread a few accounts over turns.
+    public var accountsPerWalkTurn = 1000
     public init() {}
   }
 
@@ -200,6 +203,8 @@ public actor AccountHub {
   var recheckTimer: LoopTimer?
   /// Keys whose re-check is under way.
   var rechecking: Set<CredentialDigest> = []
+  /// Whether the periodic walk that finds keys due for a re-check is under way (`recheckKeys`).
+  var recheckWalking = false
   var logLimiter = LogLimiter()
   var stopped = false
   /// Told the address that brought a key refused on its first poll (`onUnverifiedKeyRefused`).

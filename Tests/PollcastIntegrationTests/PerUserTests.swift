@@ -292,6 +292,34 @@ import Testing
 
   /// Kept accounts are bounded: the least recently used idle one is evicted with its ring, and a resume into it
   /// gets `reset` `too_old` (then live events, with ids above every id it had).
+  /// The bounds pass (every 2 s) ages the rings of accounts whose loop stopped (their feeds' timers are stopped),
+  /// found among the accounts kept apart as loops stop and start: the idle account's events older than the ring's
+  /// age go, and the account itself is kept.
+  @Test func theBoundsPassAgesAnIdleAccountsRing() async throws {
+    var feed = FeedSettings()
+    feed.ring.maxAge = 3
+    try await AccountsHarness.start(hub: AccountsHarness.fastSettings(grace: 0.2), feed: feed).run { harness in
+      let client = try harness.client("key-1000")
+      try client.waitUntil("live", Self.isLive)
+      try await harness.waitForParkedPoll(user: "1000")
+      await harness.fixture.append(user: "1000", texts: ["one", "two"])
+      try client.waitUntil("both messages") { $0.relayedMessages.count == 2 }
+      client.reset()
+      let key = "user:1000"
+      try await harness.waitForAccount(key, active: false)
+      #expect(await harness.hub.ringEvents(of: key) == 2)
+      let deadline = MonotonicClock.seconds() + 12
+      while await harness.hub.ringEvents(of: key) != 0 {
+        guard MonotonicClock.seconds() < deadline else {
+          Issue.record("the idle account's ring kept \(await harness.hub.ringEvents(of: key) ?? -1) events")
+          return
+        }
+        try await Task.sleep(for: .milliseconds(50))
+      }
+      #expect(await harness.hub.accountIsKept(key))
+    }
+  }
+
   @Test func evictionUnderTheBoundsLeadsToAReset() async throws {
     var settings = AccountsHarness.fastSettings(grace: 0.2)
     settings.maxActiveAccounts = 1

@@ -177,6 +177,9 @@ public actor AccountHub {
   /// The libcurl multi handles the accounts' loops share (Upstream/TransportPool).
   let transports: TransportPool
   var accounts: [String: Account] = [:]
+  /// The kept accounts whose loop is stopped: what the bounds pass ages and evicts, found without visiting every
+  /// account (`enforceBounds`).
+  var idleAccounts: [String: Account] = [:]
   var activeCount = 0
   /// Refused keys, and the account of each accepted key of an active account (by digest only).
   var verdicts: KeyVerdicts
@@ -364,6 +367,7 @@ public actor AccountHub {
     // Polls now (this node), or whenever this node holds the account's lease (a shared store).
     account.owner.resumeOnLoop(worker: worker)
     account.worker = worker
+    idleAccounts[account.key] = nil
     account.activeCredential = credential
     account.feed.assumeIsolated { $0.start() }
     activeCount += 1
@@ -379,6 +383,7 @@ public actor AccountHub {
     // Stops the worker, and gives up the account's lease when this node held it.
     account.owner.stopOnLoop()
     account.worker = nil
+    if accounts[account.key] === account { idleAccounts[account.key] = account }
     account.activeCredential = nil
     for digest in account.credentials.keys { verdicts.forget(digest, of: account.key) }
     account.credentials = [:]

@@ -13,7 +13,7 @@ struct AccountsHarness: StoppableHarness {
   static func start(
     accounts: Int = 4, hub settings: AccountHub.Settings = fastSettings(), admission: Admission.Limits = .init(),
     generic: GenericAdapter.Settings? = nil, fixtureURL: String? = nil, fixtureHost: String? = nil,
-    charset: CredentialCharset = .b64token,
+    charset: CredentialCharset = .b64token, feed: FeedSettings = FeedSettings(),
     logger: Logger = Logger(
       label: "test", level: .critical), fixtureOptions: (inout LegacyFixture.Options) -> Void = { _ in }
   ) async throws -> AccountsHarness {
@@ -43,7 +43,7 @@ struct AccountsHarness: StoppableHarness {
     server.access.credentialCharset = charset
     let relay = try await Relay.start(
       server: server, feed: FeedSettings(heartbeatInterval: 5), logger: logger,
-      accounts: (AccountHub.Upstream(makeAdapter: makeAdapter, worker: worker, feed: FeedSettings()), settings))
+      accounts: (AccountHub.Upstream(makeAdapter: makeAdapter, worker: worker, feed: feed), settings))
     return AccountsHarness(fixture: fixture, relay: relay)
   }
 
@@ -95,6 +95,7 @@ struct AccountsHarness: StoppableHarness {
 extension AccountHub {
   func accountIsActive(_ key: String) -> Bool { account(key)?.isActive ?? false }
   func accountIsKept(_ key: String) -> Bool { account(key) != nil }
+  func ringEvents(of key: String) -> Int? { account(key)?.feed.assumeIsolated { $0.statistics().ringEvents } }
 
   /// Weak references to an account's feed and loop, for leak checks.
   func watch(account key: String) -> AccountWatch {

@@ -290,8 +290,6 @@ import Testing
     }
   }
 
-  /// Kept accounts are bounded: the least recently used idle one is evicted with its ring, and a resume into it
-  /// gets `reset` `too_old` (then live events, with ids above every id it had).
   /// The bounds pass (every 2 s) ages the rings of accounts whose loop stopped (their feeds' timers are stopped),
   /// found among the accounts kept apart as loops stop and start: the idle account's events older than the ring's
   /// age go, and the account itself is kept.
@@ -320,6 +318,8 @@ import Testing
     }
   }
 
+  /// Kept accounts are bounded: the least recently used idle one is evicted with its ring, and a resume into it
+  /// gets `reset` `too_old` (then live events, with ids above every id it had).
   @Test func evictionUnderTheBoundsLeadsToAReset() async throws {
     var settings = AccountsHarness.fastSettings(grace: 0.2)
     settings.maxActiveAccounts = 1

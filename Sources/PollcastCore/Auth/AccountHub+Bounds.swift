@@ -118,9 +118,8 @@ extension AccountHub {
   /// The figures stay consistent, and the counters never go back between scrapes: the accounts and the retired
   /// feeds' sum are taken together at the start. An account evicted during the walk is counted once, from its
   /// (stopped) feed, and not again through the retired sum. An account that appears during the walk is counted at
-  /// the next scrape, from zero. The accounts are taken by sharing the table's storage, not by copying its values:
-  /// the copy touched every account before the first turn (~4 ms at 9,000 accounts, in the same loop pass as that
-  /// turn). A change to the table while a walk holds it copies the table once, in the job that changes it.
+  /// the next scrape, from zero. The walk shares the table's storage (`forEachAccountInTurns`): a copy of its values
+  /// touched every account before the first turn (~4 ms at 9,000 accounts, in the same loop pass as that turn).
   public func statisticsInTurns(turn: Int? = nil, budget: Double = 0.002) async -> Statistics {
     var tally = StatisticsTally(retired: retiredFeeds)
     await forEachAccountInTurns(turn: turn ?? settings.accountsPerWalkTurn, budget: budget) { tally.add($0) }

@@ -9,9 +9,9 @@ extension AccountHub {
   /// `credential-revoked` within about `credentialCacheSeconds`.
   ///
   /// The walk visits the accounts in turns (`forEachAccountInTurns`), the loop serving everything else between
-  /// them: one pass in one timer callback held the loop 7-12 ms every 15 s at 9,000 accounts (a whole 20,000-account
-  /// pass would pass the 20-ms stall bound on its own). A walk still under way when the timer fires again is left
-  /// to finish; an account that stopped meanwhile is passed over.
+  /// them: one pass in one timer callback held the loop 7-12 ms every 15 s at 9,000 accounts (~16-26 ms at 20,000
+  /// by extrapolation). A walk still under way when the timer fires again is left to finish; an account that
+  /// stopped meanwhile is passed over.
   func recheckKeys() {
     guard !stopped, !recheckWalking else { return }
     recheckWalking = true

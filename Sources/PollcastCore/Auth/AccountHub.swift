@@ -180,7 +180,8 @@ public actor AccountHub {
   /// The kept accounts whose loop is stopped: what the bounds pass ages and evicts, found without visiting every
   /// account (`enforceBounds`).
   var idleAccounts: [String: Account] = [:]
-  var activeCount = 0
+  /// The kept accounts whose loop runs: every kept account not idle (one count, never kept apart from the set).
+  var activeCount: Int { accounts.count - idleAccounts.count }
   /// Refused keys, and the account of each accepted key of an active account (by digest only).
   var verdicts: KeyVerdicts
   /// Checks in flight, by credential: later askers wait for the same answer.
@@ -370,7 +371,6 @@ public actor AccountHub {
     idleAccounts[account.key] = nil
     account.activeCredential = credential
     account.feed.assumeIsolated { $0.start() }
-    activeCount += 1
     stats.accountStarts += 1
   }
 
@@ -387,7 +387,6 @@ public actor AccountHub {
     account.activeCredential = nil
     for digest in account.credentials.keys { verdicts.forget(digest, of: account.key) }
     account.credentials = [:]
-    activeCount -= 1
     stats.accountStops += 1
   }
 

@@ -154,6 +154,60 @@ import Testing
     let idle = try EventLoop()
     #expect(!idle.atPassEnd(PassEndRecorder()))
   }
+
+  /// Timers armed with a common duration (libevent's queue per duration instead of its heap) fire in the order
+  /// they were armed, a re-armed one moving behind the others; a repeating one keeps its period; one duration is
+  /// one common timeout; and past `commonTimeoutLimit` durations a timer gets the heap and still fires.
+  @Test func commonTimeoutsFireInOrderAndPastTheLimit() async throws {
+    let loop = try EventLoop()
+    loop.start()
+    defer { loop.stop() }
+    let (order, ticks) = await CommonTimeoutProbe(loop: loop).run()
+    #expect(order == ["b", "c", "a", "past the limit"])
+    // A 0.02-s period over the ~0.3 s the probe waits: about 15 ticks (the bounds allow a loaded machine's lateness).
+    #expect(ticks >= 5 && ticks <= 20)
+    // A loop never started: its base takes common timeouts all the same (a listener's, made before the loop runs).
+    let fresh = try EventLoop()
+    let quarter = fresh.commonTimeout(seconds: 0.25)
+    #expect(quarter.tv_sec == 0 && quarter.tv_usec >= 1_000_000, "libevent's magic marks a common timeout")
+    #expect(fresh.commonTimeout(seconds: 0.125).tv_usec != quarter.tv_usec)
+    #expect(fresh.commonTimeout(seconds: 0.25).tv_usec == quarter.tv_usec)
+    for index in 0..<EventLoop.commonTimeoutLimit { _ = fresh.commonTimeout(seconds: 10 + Double(index)) }
+    let past = fresh.commonTimeout(seconds: 99.5)
+    #expect(past.tv_sec == 99 && past.tv_usec == 500_000, "the plain duration once the limit is reached")
+    #expect(fresh.commonTimeout(seconds: 0.25).tv_usec == quarter.tv_usec, "a known one stays common")
+  }
+}
+
+/// Arms a repeating timer and three one-shot ones (a, b, c) with common durations, re-arms a, then (past the limit
+/// of common durations) a plain one. Loop-confined.
+private actor CommonTimeoutProbe {
+  let loop: EventLoop
+  var order: [String] = []
+  var ticks = 0
+  var timers: [LoopTimer] = []
+  init(loop: EventLoop) { self.loop = loop }
+  nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+  func run() async -> (order: [String], ticks: Int) {
+    let ticking = LoopTimer(loop: loop, repeating: true) { [weak self] in self?.assumeIsolated { $0.ticks += 1 } }
+    ticking.schedule(after: 0.02, common: true)
+    timers.append(ticking)
+    let named = ["a", "b", "c"].map { name in
+      let timer = LoopTimer(loop: loop) { [weak self] in self?.assumeIsolated { $0.order.append(name) } }
+      timer.schedule(after: 0.1, common: true)
+      return timer
+    }
+    named[0].schedule(after: 0.1, common: true)
+    timers += named
+    for index in 0..<EventLoop.commonTimeoutLimit { _ = loop.commonTimeout(seconds: 20 + Double(index)) }
+    let late = LoopTimer(loop: loop) { [weak self] in self?.assumeIsolated { $0.order.append("past the limit") } }
+    late.schedule(after: 0.15, common: true)
+    timers.append(late)
+    try? await Task.sleep(for: .milliseconds(300))
+    ticking.cancel()
+    return (order, ticks)
+  }
 }
 
 /// Keeps a timer alive outside the loop (it is armed and fires there only).

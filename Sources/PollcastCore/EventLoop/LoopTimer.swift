@@ -31,10 +31,14 @@ public final class LoopTimer {
   }
 
   /// Arms (or re-arms) the timer to fire after `seconds`.
-  public func schedule(after seconds: Double) {
+  ///
+  /// - Parameter common: many timers on this loop are armed with this same duration (a configured interval, not a
+  ///   computed remainder or a random backoff): libevent then queues them by duration instead of heaping them
+  ///   (`EventLoop.commonTimeout(seconds:)`).
+  public func schedule(after seconds: Double, common: Bool = false) {
     loop.assertOnLoop()
     guard let event else { return }
-    var tv = timeval(seconds: seconds)
+    var tv = common ? loop.commonTimeout(seconds: seconds) : timeval(seconds: seconds)
     LibeventCall.invariant(event_add(event, &tv), "event_add(timer)")
   }
 

@@ -18,7 +18,7 @@ extension Feed {
     let wanted = heartbeatSlicesWanted
     guard wanted > heartbeatSlicesNow || (!growOnly && wanted != heartbeatSlicesNow) else { return }
     heartbeatSlicesNow = wanted
-    heartbeatTimer.schedule(after: settings.heartbeatInterval / Double(wanted))
+    heartbeatTimer.schedule(after: settings.heartbeatInterval / Double(wanted), common: true)
   }
 
   func tick() {

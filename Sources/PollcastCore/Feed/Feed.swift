@@ -113,7 +113,7 @@ public actor Feed {
       self?.assumeIsolated { $0.tick() }
     }
     heartbeatSlicesNow = heartbeatSlicesWanted
-    timer.schedule(after: settings.heartbeatInterval / Double(heartbeatSlicesNow))
+    timer.schedule(after: settings.heartbeatInterval / Double(heartbeatSlicesNow), common: true)
     heartbeatTimer = timer
     started = true
     if subscribers.contains(where: { $0.endsAt != nil || $0.grantEndsAt != nil }) { startEndTimer() }
@@ -159,7 +159,7 @@ public actor Feed {
     let check = LoopTimer(loop: loop, repeating: true) { [weak self] in
       self?.assumeIsolated { $0.endDueConnections() }
     }
-    check.schedule(after: period)
+    check.schedule(after: period, common: true)
     ageTimer = check
   }
 

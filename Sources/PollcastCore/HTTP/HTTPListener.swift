@@ -73,7 +73,8 @@ public final class HTTPListener: @unchecked Sendable {
     }
     evhttp_set_max_headers_size(http, limits.maxHeaderBytes)
     evhttp_set_max_body_size(http, limits.maxBodyBytes)
-    var timeout = timeval(seconds: limits.timeout)
+    // Every accepted connection's: a common timeout (`EventLoop.commonTimeout`).
+    var timeout = loop.commonTimeout(seconds: limits.timeout)
     evhttp_set_timeout_tv(http, &timeout)
     // Every method reaches the handler, which answers 405 with Allow itself (evhttp would answer its 501 page).
     // libevent 2.1 marks a method it does not know (FOO, PROPFIND) as EVHTTP_REQ_UNKNOWN_ (1 << 15, private to

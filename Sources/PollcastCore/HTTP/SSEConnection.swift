@@ -67,7 +67,7 @@ final class SSEConnection: SubscriberSink, @unchecked Sendable {  // loop thread
       // under the server's read timeout: every stream was cut after server.timeout_seconds, busy or idle, because
       // bytes written straight to the socket (below) never re-arm it. A stream has no read timeout; EOF and resets
       // still end it at once. The write timeout stays: it runs only while bytes wait for a peer that reads none.
-      var write = timeval(seconds: writeTimeout)
+      var write = loop.commonTimeout(seconds: writeTimeout)
       bufferevent_set_timeouts(bev, nil, &write)
     }
   }

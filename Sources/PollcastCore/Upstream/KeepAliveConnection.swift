@@ -308,9 +308,10 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
       readTimeout = -1
     }
     guard let connection else { return }
-    // evhttp's read and write inactivity timeout; the exchange's own deadline (below) ends the total time.
+    // evhttp's read and write inactivity timeout; the exchange's own deadline (below) ends the total time. Every
+    // account's connection has the same one: a common timeout (evhttp re-arms it on every read and write).
     if readTimeout != request.timeout {
-      var tv = timeval(seconds: max(0.001, request.timeout))
+      var tv = loop.commonTimeout(seconds: max(0.001, request.timeout))
       evhttp_connection_set_timeout_tv(connection, &tv)
       readTimeout = request.timeout
     }
@@ -441,7 +442,14 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
     let request = exchange.request
     let left = exchange.timeLeft
     exchange.checkingConnect = connecting && request.connectTimeout < left
-    deadline?.schedule(after: max(0.001, exchange.checkingConnect ? request.connectTimeout : left))
+    if exchange.checkingConnect {
+      deadline?.schedule(after: max(0.001, request.connectTimeout), common: true)
+    } else if request.timeout - left < 0.001 {
+      // Armed as the exchange starts (not for its retry): the whole timeout, the same for every account's exchange.
+      deadline?.schedule(after: max(0.001, request.timeout), common: true)
+    } else {
+      deadline?.schedule(after: max(0.001, left))
+    }
   }
 
   private func deadlinePassed() {

@@ -8,8 +8,14 @@ extension Feed {
   /// heartbeat and gets none (a busy stream costs nothing); any stream thus hears something at least every
   /// interval plus one tick.
   static let heartbeatSlices = 40
+  /// Readers per slice at least: a feed of a few readers (an account's, in per-user relaying: two) ticks once per
+  /// interval and writes all its heartbeats in that one wake-up. Slicing them one reader a tick (as before) woke the
+  /// loop once per reader for nothing: at 2,000 accounts × 2 readers, 267 timer wake-ups a second instead of 133.
+  static let heartbeatsPerSlice = 8
 
-  var heartbeatSlicesWanted: Int { max(1, min(Feed.heartbeatSlices, subscribers.count)) }
+  var heartbeatSlicesWanted: Int {
+    max(1, min(Feed.heartbeatSlices, subscribers.count / Feed.heartbeatsPerSlice))
+  }
 
   /// Re-arms the heartbeat timer when the slice count should change: at once when it should grow (new readers
   /// must not wait a long tick), at the next tick when it should shrink.

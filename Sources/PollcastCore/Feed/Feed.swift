@@ -121,8 +121,8 @@ public actor Feed {
 
   var started = false
 
-  /// Slices per interval now: one per subscriber up to `heartbeatSlices`, so a feed with two readers (an
-  /// account's, in per-user relaying) wakes twice per interval, not forty times; with none, once.
+  /// Slices per interval now: one per `heartbeatsPerSlice` subscribers, at least one and at most `heartbeatSlices`,
+  /// so a feed with two readers (an account's, in per-user relaying) wakes once per interval, not forty times.
   var heartbeatSlicesNow = 1
 
   /// The earliest maximum age or expiry among the subscribers (infinity when none has one).

@@ -318,6 +318,48 @@ import Testing
     }
   }
 
+  /// At the active bound a new account stops the account that has gone without a subscriber the longest (in its
+  /// grace period; the hub keeps those apart rather than searching every account), never one with a subscriber;
+  /// with none in grace, the new account is refused.
+  @Test func theActiveBoundStopsTheAccountLongestInGrace() async throws {
+    var settings = AccountsHarness.fastSettings(grace: 30)
+    settings.maxActiveAccounts = 3
+    settings.maxRetainedAccounts = 10
+    try await AccountsHarness.start(accounts: 6, hub: settings).run { harness in
+      func waitForSubscribers(_ count: Int) async throws {
+        let deadline = MonotonicClock.seconds() + 10
+        while await harness.hub.statistics().subscribers != count && MonotonicClock.seconds() < deadline {
+          try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(await harness.hub.statistics().subscribers == count)
+      }
+      var clients: [TestSSEClient] = []
+      for user in 1000...1002 {
+        let client = try harness.client("key-\(user)")
+        try client.waitUntil("live", Self.isLive)
+        clients.append(client)
+      }
+      clients[1].reset()  // Bob's account goes without a subscriber first, then Alice's.
+      try await waitForSubscribers(2)
+      clients[0].reset()
+      try await waitForSubscribers(1)
+      let dave = try harness.client("key-1003")
+      try dave.waitUntil("live", Self.isLive)
+      #expect(await !harness.hub.accountIsActive("user:1001"))
+      #expect(await harness.hub.accountIsActive("user:1000"))
+      #expect(await harness.hub.accountIsActive("user:1002"))
+      let erin = try harness.client("key-1004")
+      try erin.waitUntil("live", Self.isLive)
+      #expect(await !harness.hub.accountIsActive("user:1000"))
+      #expect(await harness.hub.accountIsActive("user:1002"))
+      #expect(await harness.hub.accountIsActive("user:1003"))
+      let full = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer key-1005")])
+      #expect(full.status == 503)
+      #expect(full.body.contains("max_accounts"))
+      #expect(await harness.hub.statistics().accountStops == 2)
+    }
+  }
+
   /// Kept accounts are bounded: the least recently used idle one is evicted with its ring, and a resume into it
   /// gets `reset` `too_old` (then live events, with ids above every id it had).
   @Test func evictionUnderTheBoundsLeadsToAReset() async throws {

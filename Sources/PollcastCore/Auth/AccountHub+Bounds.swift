@@ -6,11 +6,8 @@ extension AccountHub {
   /// Stops an account still in its grace period (the least recently used) when the active bound is reached.
   func makeRoomForActive() -> Bool {
     guard activeCount >= settings.maxActiveAccounts else { return true }
-    guard
-      let victim = accounts.values.filter({ $0.isActive && $0.subscribers == 0 }).min(by: {
-        $0.lastUsed < $1.lastUsed
-      })
-    else { return false }
+    checkKeptApart()
+    guard let victim = graceAccounts.values.min(by: { $0.lastUsed < $1.lastUsed }) else { return false }
     logger.info("account limit reached: stopping an account in its grace period", metadata: ["account": victim.label])
     victim.graceTimer = nil
     stopLoop(victim)
@@ -23,6 +20,20 @@ extension AccountHub {
     guard let victim = leastRecentlyUsedIdle() else { return false }
     evict(victim, reason: "max_retained_accounts")
     return accounts.count < settings.maxRetainedAccounts
+  }
+
+  /// A debug build checks the accounts kept apart (idle; in their grace period) against the table.
+  func checkKeptApart() {
+    #if DEBUG
+      let stoppedKeys = accounts.values.filter { !$0.isActive }.map(\.key).sorted()
+      assert(
+        stoppedKeys == idleAccounts.keys.sorted(),
+        "idle accounts \(idleAccounts.count) != \(stoppedKeys.count) in the table")
+      let graceKeys = accounts.values.filter { $0.isActive && $0.subscribers == 0 }.map(\.key).sorted()
+      assert(
+        graceKeys == graceAccounts.keys.sorted(),
+        "accounts in grace \(graceAccounts.count) != \(graceKeys.count) in the table")
+    #endif
   }
 
   func leastRecentlyUsedIdle() -> Account? {
@@ -46,6 +57,7 @@ extension AccountHub {
     upstream.store.drop(feed: account.feed.storeKey)
     accounts[account.key] = nil
     idleAccounts[account.key] = nil
+    graceAccounts[account.key] = nil
     stats.retainedAccounts = accounts.count
     stats.evictions[reason, default: 0] += 1
     logger.info("account evicted: its ring is dropped", metadata: ["account": account.label, "reason": reason])
@@ -59,12 +71,7 @@ extension AccountHub {
   /// apart as their loops stop and start (picking them out of every account took 0.7-1.1 ms of the loop every 2 s
   /// at 9,010 accounts as soon as one was idle).
   func enforceBounds() {
-    #if DEBUG
-      let stoppedKeys = accounts.values.filter { !$0.isActive }.map(\.key).sorted()
-      assert(
-        stoppedKeys == idleAccounts.keys.sorted(),
-        "idle accounts \(idleAccounts.count) != \(stoppedKeys.count) in the table")
-    #endif
+    checkKeptApart()
     for account in idleAccounts.values { account.feed.assumeIsolated { $0.evictExpired() } }
     var total = ringBytes.bytes
     #if DEBUG

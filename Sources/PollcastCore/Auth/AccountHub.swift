@@ -182,6 +182,9 @@ public actor AccountHub {
   var idleAccounts: [String: Account] = [:]
   /// The kept accounts whose loop runs: every kept account not idle (one count, never kept apart from the set).
   var activeCount: Int { accounts.count - idleAccounts.count }
+  /// The active accounts with no subscriber (in their grace period): the ones `makeRoomForActive` may stop, found
+  /// without visiting every account (at the active bound, every new account took a pass over all of them).
+  var graceAccounts: [String: Account] = [:]
   /// Refused keys, and the account of each accepted key of an active account (by digest only).
   var verdicts: KeyVerdicts
   /// Checks in flight, by credential: later askers wait for the same answer.
@@ -369,6 +372,7 @@ public actor AccountHub {
     account.owner.resumeOnLoop(worker: worker)
     account.worker = worker
     idleAccounts[account.key] = nil
+    if account.subscribers == 0, accounts[account.key] === account { graceAccounts[account.key] = account }
     account.activeCredential = credential
     account.feed.assumeIsolated { $0.start() }
     stats.accountStarts += 1
@@ -384,6 +388,7 @@ public actor AccountHub {
     account.owner.stopOnLoop()
     account.worker = nil
     if accounts[account.key] === account { idleAccounts[account.key] = account }
+    graceAccounts[account.key] = nil
     account.activeCredential = nil
     for digest in account.credentials.keys { verdicts.forget(digest, of: account.key) }
     account.credentials = [:]
@@ -395,7 +400,9 @@ public actor AccountHub {
     account.lastUsed = MonotonicClock.seconds()
     if count > 0 {
       account.graceTimer = nil
+      graceAccounts[account.key] = nil
     } else {
+      if account.isActive, accounts[account.key] === account { graceAccounts[account.key] = account }
       armGrace(account)
     }
   }
@@ -405,7 +412,7 @@ public actor AccountHub {
       guard let account else { return }
       self?.assumeIsolated { $0.graceEnded(account) }
     }
-    timer.schedule(after: settings.grace)
+    timer.schedule(after: settings.grace, common: true)
     account.graceTimer = timer
   }
 

@@ -177,6 +177,19 @@ import Testing
     #expect(past.tv_sec == 99 && past.tv_usec == 500_000, "the plain duration once the limit is reached")
     #expect(fresh.commonTimeout(seconds: 0.25).tv_usec == quarter.tv_usec, "a known one stays common")
   }
+
+  /// A duration from configuration can be anything validation lets through: huge ones are clamped (`1e19` seconds
+  /// trapped converting to whole seconds; `1e16` trapped keying the common timeouts), negative ones and NaN are 0.
+  @Test func hugeAndInvalidDurationsAreClamped() throws {
+    #expect(timeval(seconds: 1e19).tv_sec == Int(timeval.maxSeconds))
+    #expect(timeval(seconds: .infinity).tv_sec == Int(timeval.maxSeconds))
+    #expect(timeval(seconds: .nan).tv_sec == 0 && timeval(seconds: .nan).tv_usec == 0)
+    #expect(timeval(seconds: -5).tv_sec == 0)
+    let loop = try EventLoop()
+    let huge = loop.commonTimeout(seconds: 1e16)
+    #expect(huge.tv_sec == Int(timeval.maxSeconds) && huge.tv_usec >= 1_000_000)
+    #expect(loop.commonTimeout(seconds: 1e19).tv_usec == huge.tv_usec, "both clamp to one duration")
+  }
 }
 
 /// Arms a repeating timer and three one-shot ones (a, b, c) with common durations, re-arms a, then (past the limit

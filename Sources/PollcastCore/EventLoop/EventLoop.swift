@@ -30,8 +30,8 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   /// A zero timeout that continues a pass cut at `jobPassBudget` in the loop's next turn (`drainJobs`).
   private var continueEvent: OpaquePointer?
   private let loopThreadID = Atomic<UInt>(0)
-  /// libevent's common timeouts made so far, by duration in microseconds (`commonTimeout(seconds:)`).
-  private let commonTimeouts = Locked<[Int: timeval]>([:])
+  /// libevent's common timeouts made so far, by duration (whole seconds, microseconds: `commonTimeout(seconds:)`).
+  private let commonTimeouts = Locked<[SIMD2<Int>: timeval]>([:])
   private let state = Locked<State>(.idle)
   private let finished = DispatchSemaphore(value: 0)
 
@@ -163,7 +163,7 @@ public final class EventLoop: SerialExecutor, TaskExecutor, @unchecked Sendable 
   /// Any thread.
   public func commonTimeout(seconds: Double) -> timeval {
     let plain = timeval(seconds: seconds)
-    let key = plain.tv_sec * 1_000_000 + plain.tv_usec
+    let key = SIMD2(plain.tv_sec, plain.tv_usec)
     return commonTimeouts.withLock { made in
       if let known = made[key] { return known }
       guard made.count < Self.commonTimeoutLimit,

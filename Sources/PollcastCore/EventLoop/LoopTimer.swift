@@ -61,8 +61,13 @@ private let loopTimerCallback: @convention(c) (Int32, Int16, UnsafeMutableRawPoi
 }
 
 extension timeval {
+  /// The longest duration a timeval is made for (~31 years): a timer that long never fires in practice.
+  static let maxSeconds = 1e9
+
+  /// Clamped to 0 ... `maxSeconds`, NaN to 0: a larger value (a configured `1e19`) trapped converting to whole
+  /// seconds, and one near it would overflow libevent's deadline (now plus the duration).
   init(seconds: Double) {
-    let clamped = max(0, seconds)
+    let clamped = seconds.isNaN ? 0 : min(max(0, seconds), timeval.maxSeconds)
     let whole = clamped.rounded(.down)
     self.init(tv_sec: Int(whole), tv_usec: Int((clamped - whole) * 1_000_000))
   }

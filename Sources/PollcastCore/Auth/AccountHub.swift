@@ -226,7 +226,7 @@ public actor AccountHub {
     loop.assertOnLoop()
     self.loop = loop
     self.upstream = upstream
-    feedCommon = FeedCommon(upstream.feed)
+    feedCommon = FeedCommon(upstream.feed, wheelOn: loop)
     var workerSettings = upstream.worker
     workerSettings.stopWhenKeyRefused = true
     workerSettings.idleAfter = nil  // the hub runs the grace period

@@ -20,11 +20,38 @@ extension Feed {
   /// Re-arms the heartbeat timer when the slice count should change: at once when it should grow (new readers
   /// must not wait a long tick), at the next tick when it should shrink.
   func adjustHeartbeat(growOnly: Bool) {
-    guard let heartbeatTimer else { return }
+    guard heartbeatRunning else { return }
     let wanted = heartbeatSlicesWanted
     guard wanted > heartbeatSlicesNow || (!growOnly && wanted != heartbeatSlicesNow) else { return }
-    heartbeatSlicesNow = wanted
-    heartbeatTimer.schedule(after: settings.heartbeatInterval / Double(wanted), common: true)
+    armHeartbeat()
+  }
+
+  var heartbeatRunning: Bool { heartbeatTimer != nil || heartbeatWheelToken != nil }
+
+  /// Runs the heartbeat rounds at the slice count wanted now: a feed of one slice in its settings' wheel when they
+  /// have one (`HeartbeatWheel`: one wake-up for many small feeds), any other on a timer of its own.
+  func armHeartbeat() {
+    heartbeatSlicesNow = heartbeatSlicesWanted
+    if heartbeatSlicesNow == 1, let wheel = common.wheel {
+      heartbeatTimer?.cancel()
+      heartbeatTimer = nil
+      if heartbeatWheelToken == nil { heartbeatWheelToken = wheel.join(self) }
+      return
+    }
+    heartbeatWheelToken = nil
+    let timer =
+      heartbeatTimer
+      ?? LoopTimer(loop: loop, repeating: true) { [weak self] in
+        self?.assumeIsolated { $0.tick() }
+      }
+    timer.schedule(after: settings.heartbeatInterval / Double(heartbeatSlicesNow), common: true)
+    heartbeatTimer = timer
+  }
+
+  func stopHeartbeat() {
+    heartbeatTimer?.cancel()
+    heartbeatTimer = nil
+    heartbeatWheelToken = nil
   }
 
   func tick() {
@@ -106,8 +133,7 @@ extension Feed {
   /// millisecond. Returns how many were ended.
   @discardableResult
   public func finishAll(comment: String, spread: Double = 0) async -> Int {
-    heartbeatTimer?.cancel()
-    heartbeatTimer = nil
+    stopHeartbeat()
     ageTimer = nil
     started = false
     let last = ByteSlice(SSEEncoder.comment(comment))

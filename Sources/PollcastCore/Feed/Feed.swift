@@ -20,6 +20,8 @@ public actor Feed {
   /// The newest `upstream` status event (no id), sent to every subscriber when it goes live.
   var statusEvent: BroadcastBytes?
   var heartbeatTimer: LoopTimer?
+  /// This feed's token in `common.wheel` while the wheel runs its heartbeat rounds instead of `heartbeatTimer`.
+  var heartbeatWheelToken: UInt64?
   /// Where the next heartbeat slice starts in `subscribers`, and the fraction of a subscriber owed to the next
   /// tick (with fewer subscribers than slices, a tick visits none or one).
   var heartbeatCursor = 0
@@ -108,13 +110,8 @@ public actor Feed {
 
   /// Starts the heartbeat and age-eviction timer.
   public func start() {
-    guard heartbeatTimer == nil else { return }
-    let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in
-      self?.assumeIsolated { $0.tick() }
-    }
-    heartbeatSlicesNow = heartbeatSlicesWanted
-    timer.schedule(after: settings.heartbeatInterval / Double(heartbeatSlicesNow), common: true)
-    heartbeatTimer = timer
+    guard !heartbeatRunning else { return }
+    armHeartbeat()
     started = true
     if subscribers.contains(where: { $0.endsAt != nil || $0.grantEndsAt != nil }) { startEndTimer() }
   }
@@ -131,8 +128,7 @@ public actor Feed {
   /// Stops the timers of a feed nobody reads (an idle account's): `start()` starts them again. The ring stays.
   public func pause() {
     guard subscribers.isEmpty else { return }
-    heartbeatTimer?.cancel()
-    heartbeatTimer = nil
+    stopHeartbeat()
     ageTimer = nil
     started = false
   }

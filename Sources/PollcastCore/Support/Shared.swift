@@ -12,9 +12,13 @@ final class FeedCommon: Sendable {
   let settings: FeedSettings
   let preamble: ByteSlice
   let heartbeatBytes: BroadcastBytes
+  /// Where feeds of one slice run their heartbeat rounds (`HeartbeatWheel`), when these settings are shared by many
+  /// small feeds on `loop` (per-user relaying's accounts); nil: every feed runs its own timer.
+  let wheel: HeartbeatWheel?
 
-  init(_ settings: FeedSettings) {
+  init(_ settings: FeedSettings, wheelOn loop: EventLoop? = nil) {
     self.settings = settings
+    wheel = loop.map { HeartbeatWheel(loop: $0, interval: settings.heartbeatInterval) }
     preamble = ByteSlice(
       SSEEncoder.comment("pollcast \(PollcastVersion.current)")
         + SSEEncoder.retry(milliseconds: settings.retryMilliseconds))

@@ -36,6 +36,13 @@ done
 # LAG_SAMPLE_MS: scrape the relay's loop lag every MS ms in the idle and message phases (each scrape costs the
 # relay a /metrics render, which the idle CPU figure then includes): reports lag_max_idle_ms, lag_max_messages_ms.
 if [ -n "${LAG_SAMPLE_MS:-}" ]; then bench_extra+=(--lag-sample-ms "$LAG_SAMPLE_MS"); fi
+# CONNECT_SPREAD: open one subscriber per account evenly over this many seconds, as users arrive (default 15, one
+# heartbeat interval: as evenly as arrivals at random times). 0 connects in batches of 200 as fast as the relay takes
+# them (the method before 2026-12-07): every account's timers and polls then start within a few bursts and wake the
+# relay a few times an interval instead of once per account, which hid two thirds of the idle cost (0.65 against
+# 1.98 % of a core at 2,000 accounts, same build).
+connect_spread=${CONNECT_SPREAD:-15}
+if [ "$connect_spread" != 0 ]; then bench_extra+=(--connect-spread "$connect_spread"); fi
 # LOOP_PROBE_MS: the relay's loop probe interval (server.loop_probe_ms, default 500). Any stall longer than it is
 # counted: with LAG_SAMPLE_MS the bench reports the probe ticks late by over 10 / 15 / 20 / 50 ms in each phase
 # (probe_late_over_15ms_idle, probe_late_over_15ms_messages: with LOOP_PROBE_MS=5, 0 means no stall over 20 ms).

@@ -23,6 +23,9 @@ public struct BenchOptions: Sendable {
   public var sources = 4
   public var label = "relay"
   public var connectBatch = 500
+  /// Seconds over which the first round of connections (one subscriber per account with `--accounts`, else all) is
+  /// spread evenly, as users arrive; 0: in batches of `connectBatch`, as fast as the relay takes them.
+  public var connectSpread = 0.0
   /// `ALG:KEYFILE`: give every subscriber its own signed token (`Authorization: Bearer`).
   public var mintTokens: String?
   /// Per-user relaying (`auth.mode = upstream`): subscriber i presents the fixture key `key-<1000 + i % A>`, and
@@ -65,6 +68,9 @@ public struct BenchOptions: Sendable {
                           per account, RSS per account and per subscriber, and relay CPU idle over --idle-seconds
                           with every account's poll hanging (before the messages)
       --stall-fraction F  the fixture's --stall-fraction: messages skip the accounts it never answers
+      --connect-spread S  open the first round of connections (one per account with --accounts) evenly over S
+                          seconds, as users arrive, instead of in batches as fast as the relay takes them: the
+                          relay's per-account timers (heartbeats) then run out of phase, as they do in the field
       --lag-sample-ms MS  scrape the relay's /metrics every MS ms in the idle and message phases and report the
                           largest loop lag of each (the relay's probe ticks every 500 ms)
     The last line is a machine-readable summary: SUMMARY key=value …
@@ -108,6 +114,7 @@ public struct BenchOptions: Sendable {
       case "--drain-seconds": options.drainSeconds = try number(name)
       case "--sources": options.sources = max(1, min(250, Int(try number(name))))
       case "--connect-batch": options.connectBatch = max(1, Int(try number(name)))
+      case "--connect-spread": options.connectSpread = min(3600, max(0, try number(name)))
       case "--batch": options.batch = max(1, Int(try number(name)))
       case "--store-path": options.storePath = try value(name)
       case "--synchronous":

@@ -143,7 +143,13 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
         }
       }
       let from = started
-      let to = min(started < firstRound ? firstRound : options.subscribers, started + options.connectBatch)
+      // Spread: a small batch every `spreadStep` seconds, so the first round takes `connectSpread` seconds.
+      let spreading = options.connectSpread > 0 && started < firstRound
+      let spreadStep = 0.02
+      let batch =
+        spreading
+        ? max(1, Int((Double(firstRound) * spreadStep / options.connectSpread).rounded(.up))) : options.connectBatch
+      let to = min(started < firstRound ? firstRound : options.subscribers, started + batch)
       await loop.submit { [self] in
         for index in from..<to {
           let subscriber = BenchSubscriber(index: index, runner: self)
@@ -152,6 +158,10 @@ public final class BenchRunner: BenchRecorder, @unchecked Sendable {
         }
       }
       started = to
+      if spreading {
+        try await Task.sleep(for: .milliseconds(Int(spreadStep * 1000)))
+        continue
+      }
       let settled = to - options.connectBatch / 2
       try await waitUntil(timeout: 30) { [self] in connectedCount + failedConnects >= settled }
     }

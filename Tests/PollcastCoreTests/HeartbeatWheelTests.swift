@@ -12,10 +12,13 @@ import Testing
     let loop = try EventLoop()
     loop.start()
     defer { loop.stop() }
-    let interval = 0.3
+    let interval = 0.4
     let common = FeedCommon(FeedSettings(heartbeatInterval: interval), wheelOn: loop)
     let wheel = try #require(common.wheel)
     #expect(wheel.slots == 40, "at least 40 turns an interval: a round is never later than 1/40 of it")
+    // 120 turns at most; none more often than every 10 ms, whatever the configured interval.
+    let slots = [15, 5, 0.2, 0.001, 1e19, 1e-300].map { HeartbeatWheel.slots(for: $0) }
+    #expect(slots == [120, 50, 20, 1, 120, 1])
     let feeds = (0..<2).map { index in
       Feed(
         loop: loop, common: common, ids: EventIDAllocator(), store: MemoryEventStore(), storeKey: "f\(index)",

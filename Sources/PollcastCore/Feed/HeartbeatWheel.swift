@@ -33,10 +33,18 @@ final class HeartbeatWheel: @unchecked Sendable {
   init(loop: EventLoop, interval: Double) {
     self.loop = loop
     self.interval = interval
-    // A turn every 0.1 s or so, between 40 turns an interval (the heartbeat guarantee) and 120 (more buys nothing).
-    let wanted = interval / 0.1
-    slots = !(wanted > 40) ? 40 : wanted >= 120 ? 120 : Int(wanted)
+    slots = HeartbeatWheel.slots(for: interval)
     buckets = Array(repeating: [], count: slots)
+  }
+
+  /// A turn every 0.1 s or so, between 40 turns an interval (the heartbeat guarantee) and 120 (more buys nothing);
+  /// but never more often than every 10 ms: a configured interval of a millisecond would otherwise turn the wheel
+  /// 40,000 times a second (there a turn is at most 10 ms late, more than 1/40 of such an interval).
+  static func slots(for interval: Double) -> Int {
+    let wanted = interval / 0.1
+    let slots = !(wanted > 40) ? 40 : wanted >= 120 ? 120 : Int(wanted)
+    let finest = interval / 0.01
+    return finest >= Double(slots) ? slots : max(1, Int(finest))
   }
 
   /// Adds `feed`'s rounds, the first one interval from now (as its own timer's would be). Returns its token: the

@@ -74,6 +74,19 @@ import Testing
     #expect(gone == nil, "the wheel holds feeds weakly")
     #expect(entries == 0, "stale entries are swept within an interval")
     #expect(grownCounts.allSatisfy { $0 >= 1 }, "the grown feed's own timer runs: \(grownCounts)")
+
+    // Feed 0 shrinks back to one slice: at its next own tick it rejoins the wheel, which turns again.
+    await loop.submit {
+      feeds[0].assumeIsolated { feed in
+        for subscriber in feed.subscribers.dropFirst(2) { feed.detach(subscriber) }
+      }
+    }
+    try await Task.sleep(for: .seconds(interval))
+    let (rejoined, entriesAfter) = await loop.submit {
+      (feeds[0].assumeIsolated { $0.heartbeatWheelToken != nil && $0.heartbeatTimer == nil }, wheel.entryCount)
+    }
+    #expect(rejoined, "a feed back to one slice runs in the wheel again")
+    #expect(entriesAfter == 1)
   }
 }
 

@@ -17,8 +17,8 @@ extension Feed {
     max(1, min(Feed.heartbeatSlices, subscribers.count / Feed.heartbeatsPerSlice))
   }
 
-  /// Re-arms the heartbeat timer when the slice count should change: at once when it should grow (new readers
-  /// must not wait a long tick), at the next tick when it should shrink.
+  /// Re-arms the heartbeat rounds (`armHeartbeat`) when the slice count should change: at once when it should grow
+  /// (new readers must not wait a long tick), at the next tick when it should shrink.
   func adjustHeartbeat(growOnly: Bool) {
     guard heartbeatRunning else { return }
     let wanted = heartbeatSlicesWanted

@@ -7,8 +7,8 @@ import Foundation
 /// Each small feed on a timer of its own woke the loop once an interval for its two heartbeats: at 2,000 accounts,
 /// 133 wake-ups a second, each an `epoll_wait` return and a turn of the loop for two writes. The wheel wakes it
 /// `slots / interval` times a second (8 at the default 15 s) and writes a bucket's heartbeats in one turn. A turn is
-/// at most interval / 40 late against a feed's own timer, so a stream still hears something within the interval plus
-/// 1/40 of it.
+/// at most interval / 40 late against a feed's own timer (10 ms for an interval under 0.4 s), so a stream still hears
+/// something within the interval plus 1/40 of it.
 ///
 /// Leaving is lazy: a feed that leaves (or rejoins) only drops its token; its stale entry is dropped when its bucket
 /// next turns, and the timer stops once the buckets are empty. Entries hold feeds weakly: a dropped account's feed
@@ -20,8 +20,6 @@ final class HeartbeatWheel: @unchecked Sendable {
   private var buckets: [[Entry]]
   /// The bucket the next turn runs.
   private var next = 0
-  /// Entries in all buckets, stale ones included (the timer runs while any is left).
-  private var entries = 0
   private var lastToken: UInt64 = 0
   private var timer: LoopTimer?
 
@@ -55,7 +53,6 @@ final class HeartbeatWheel: @unchecked Sendable {
     precondition(feed.loop === loop, "a feed joins the wheel of its own loop")
     lastToken &+= 1
     buckets[(next + slots - 1) % slots].append(Entry(feed: feed, token: lastToken))
-    entries += 1
     if timer == nil {
       let timer = LoopTimer(loop: loop, repeating: true) { [weak self] in self?.turn() }
       timer.schedule(after: interval / Double(slots))
@@ -65,14 +62,13 @@ final class HeartbeatWheel: @unchecked Sendable {
   }
 
   /// Feeds in the wheel now, stale entries included (tests).
-  var entryCount: Int { entries }
+  var entryCount: Int { buckets.reduce(0) { $0 + $1.count } }
 
   private func turn() {
     let slot = next
     next = (next + 1) % slots
     let due = buckets[slot]
     buckets[slot] = []
-    entries -= due.count
     var kept: [Entry] = []
     kept.reserveCapacity(due.count)
     for entry in due {
@@ -87,8 +83,8 @@ final class HeartbeatWheel: @unchecked Sendable {
     }
     // Feeds that joined during the rounds went into this same bucket (the one turned last).
     buckets[slot].append(contentsOf: kept)
-    entries += kept.count
-    if entries == 0 {
+    // The timer runs while any entry is left, stale ones included.
+    if buckets.allSatisfy(\.isEmpty) {
       timer?.cancel()
       timer = nil
     }

@@ -41,14 +41,8 @@ extension AccountHub {
   }
 
   func evict(_ account: Account, reason: String) {
-    let final = account.feed.assumeIsolated { $0.statistics() }
-    highWater = max(highWater, final.headID)
-    retiredFeeds.absorb(
-      FeedStatistics(
-        subscribersTotal: final.subscribersTotal, eventsPublished: final.eventsPublished,
-        replayedEvents: final.replayedEvents, resumes: final.resumes, resetsByReason: final.resetsByReason,
-        slowConsumerDisconnects: final.slowConsumerDisconnects, agedOut: final.agedOut,
-        heartbeatsSent: final.heartbeatsSent, bytesQueued: final.bytesQueued, ringEvicted: final.ringEvicted))
+    // Its counters stay in the running totals (`AccountTotals`); its ring's bytes and events leave them below.
+    highWater = max(highWater, account.feed.assumeIsolated { $0.statistics().headID })
     account.graceTimer = nil
     account.feed.assumeIsolated { feed in
       feed.pause()
@@ -111,26 +105,31 @@ extension AccountHub {
 
   // MARK: Introspection and shutdown
 
+  /// Every account's figures, read from running totals (`AccountTotals`, the rings' `RingByteTally`) without
+  /// visiting the accounts. On a store shared across nodes, the accounts' lease owners' figures are summed by
+  /// visiting every account here, in one piece (`/metrics` does it in turns: `statisticsInTurns`).
   public func statistics() -> Statistics {
-    var tally = StatisticsTally(retired: retiredFeeds)
-    for account in accounts.values { tally.add(account) }
-    return finish(tally)
+    var replication = ReplicationTally()
+    if upstream.store.sharedAcrossNodes {
+      for account in accounts.values { replication.add(account) }
+    }
+    return finish(replication)
   }
 
-  /// `statistics()` in turns, the loop serving everything else between turns: `/metrics` over 9,000 accounts took
-  /// ~16 ms of the loop in one piece (a stall every stream felt, on every scrape). A turn ends after `turn` accounts
-  /// or after `budget` seconds, whichever comes first: the accounts' objects are cold, and what one costs to sum
-  /// varies with the machine and its load (1.8 µs each measured here, ~4 µs under a profiler).
+  /// `statistics()` for `/metrics`. The running totals need no walk; on a store shared across nodes the lease
+  /// owners' figures are summed in turns, the loop serving everything else between turns (a walk over 9,000
+  /// accounts in one piece was a ~16-ms stall every stream felt). A turn ends after `turn` accounts or after
+  /// `budget` seconds, whichever comes first: the accounts' objects are cold, and what one costs to visit varies with
+  /// the machine and its load (1.8 µs each measured here, ~4 µs under a profiler).
   ///
-  /// The figures stay consistent, and the counters never go back between scrapes: the accounts and the retired
-  /// feeds' sum are taken together at the start. An account evicted during the walk is counted once, from its
-  /// (stopped) feed, and not again through the retired sum. An account that appears during the walk is counted at
-  /// the next scrape, from zero. The walk shares the table's storage (`forEachAccountInTurns`): a copy of its values
-  /// touched every account before the first turn (~4 ms at 9,000 accounts, in the same loop pass as that turn).
+  /// An account that appears during the walk is counted at the next scrape; one evicted during it is still counted
+  /// from its (stopped) owner. The walk shares the table's storage (`forEachAccountInTurns`).
   public func statisticsInTurns(turn: Int? = nil, budget: Double = 0.002) async -> Statistics {
-    var tally = StatisticsTally(retired: retiredFeeds)
-    await forEachAccountInTurns(turn: turn ?? settings.accountsPerWalkTurn, budget: budget) { tally.add($0) }
-    return finish(tally)
+    var replication = ReplicationTally()
+    if upstream.store.sharedAcrossNodes {
+      await forEachAccountInTurns(turn: turn ?? settings.accountsPerWalkTurn, budget: budget) { replication.add($0) }
+    }
+    return finish(replication)
   }
 
   /// Visits every account kept when the walk starts, in loop turns of at most `turn` accounts or `budget` seconds,
@@ -165,19 +164,69 @@ extension AccountHub {
     return await walk.value
   }
 
-  private func finish(_ tally: StatisticsTally) -> Statistics {
+  private func finish(_ replication: ReplicationTally) -> Statistics {
+    checkTotals()
     var snapshot = stats
     snapshot.activeAccounts = activeCount
     snapshot.retainedAccounts = accounts.count
     snapshot.pendingChecks = checking.count
-    snapshot.pollsInFlight = tally.inFlight
-    snapshot.maxPollsInFlightPerAccount = tally.maxPerAccount
-    snapshot.subscribers = tally.subscribers
-    snapshot.feeds = tally.feeds
-    snapshot.replication = tally.replication
-    snapshot.leasesHeld = tally.leasesHeld
+    snapshot.pollsInFlight = totals.pollsInFlight
+    snapshot.maxPollsInFlightPerAccount = totals.maxPollsInFlight
+    snapshot.subscribers = totals.subscribers
+    var feeds = totals.feeds
+    // Every account's events count under one label: one per account would make the metric's cardinality unbounded.
+    feeds.eventsPublishedByStream = feeds.eventsPublished > 0 ? ["accounts": feeds.eventsPublished] : [:]
+    feeds.ringEvents = ringBytes.events
+    feeds.ringBytes = ringBytes.bytes
+    feeds.ringEvicted = ringBytes.evicted
+    snapshot.feeds = feeds
+    snapshot.replication = replication.figures
+    snapshot.leasesHeld = replication.leasesHeld
     (snapshot.requestsKeptAlive, snapshot.requestsThroughLibcurl) = transports.requests
     return snapshot
+  }
+
+  /// What the running totals hold, summed by visiting every kept account instead: the gauges must be equal, and the
+  /// counters at least the kept accounts' sum (the totals keep evicted accounts' counts too).
+  func summedOverAccounts() -> (subscribers: Int, pollsInFlight: Int, feeds: FeedStatistics) {
+    var subscribers = 0
+    var inFlight = 0
+    var feeds = FeedStatistics()
+    for account in accounts.values {
+      subscribers += account.subscribers
+      feeds.absorb(account.feed.assumeIsolated { $0.statistics() })
+      inFlight += account.worker?.assumeIsolated { $0.statistics.pollsInFlight } ?? 0
+    }
+    return (subscribers, inFlight, feeds)
+  }
+
+  /// A debug build checks the running totals against a visit of every account on every read.
+  func checkTotals() {
+    #if DEBUG
+      let summed = summedOverAccounts()
+      let held = (totals.subscribers, totals.pollsInFlight, totals.feeds.subscribersConnected)
+      let visited = (summed.subscribers, summed.pollsInFlight, summed.feeds.subscribersConnected)
+      assert(held == visited, "running totals \(held) != \(visited) over the accounts")
+      assert(
+        (ringBytes.events, ringBytes.bytes) == (summed.feeds.ringEvents, summed.feeds.ringBytes),
+        "ring tally \((ringBytes.events, ringBytes.bytes)) != \((summed.feeds.ringEvents, summed.feeds.ringBytes))")
+      let counters: [(String, Int, Int)] = [
+        ("subscribersTotal", totals.feeds.subscribersTotal, summed.feeds.subscribersTotal),
+        ("eventsPublished", totals.feeds.eventsPublished, summed.feeds.eventsPublished),
+        ("replayedEvents", totals.feeds.replayedEvents, summed.feeds.replayedEvents),
+        ("resumes", totals.feeds.resumes, summed.feeds.resumes),
+        ("heartbeatsSent", totals.feeds.heartbeatsSent, summed.feeds.heartbeatsSent),
+        ("bytesQueued", totals.feeds.bytesQueued, summed.feeds.bytesQueued),
+        ("slowConsumerDisconnects", totals.feeds.slowConsumerDisconnects, summed.feeds.slowConsumerDisconnects),
+        ("agedOut", totals.feeds.agedOut, summed.feeds.agedOut),
+        ("grantsEnded", totals.feeds.grantsEnded, summed.feeds.grantsEnded),
+        ("storeFailures", totals.feeds.storeFailures, summed.feeds.storeFailures),
+        ("ringEvicted", ringBytes.evicted, summed.feeds.ringEvicted),
+      ]
+      for (name, held, visited) in counters {
+        assert(held >= visited, "running total of \(name) \(held) < \(visited) over the kept accounts")
+      }
+    #endif
   }
 
   /// `/readyz`: not ready while the legacy API could not be reached for the last key check and no account's loop
@@ -211,29 +260,15 @@ extension AccountHub {
   }
 }
 
-/// The per-account part of `AccountHub.statistics()`, summed one account at a time (on the loop).
-struct StatisticsTally {
-  var inFlight = 0
-  var maxPerAccount = 0
-  var subscribers = 0
-  var feeds: FeedStatistics
-  var replication: FeedReplica.Statistics?
+/// The accounts' lease owners' figures on a store shared across nodes, summed one account at a time (on the loop).
+struct ReplicationTally {
+  var figures: FeedReplica.Statistics?
   var leasesHeld: Int?
 
-  init(retired: FeedStatistics) { feeds = retired }
-
   mutating func add(_ account: AccountHub.Account) {
-    subscribers += account.subscribers
-    feeds.absorb(account.feed.assumeIsolated { $0.statistics() })
-    // A store shared across nodes: what the accounts' lease owners did here.
-    if let (figures, role) = account.owner.replicationOnLoop() {
-      replication = replication ?? FeedReplica.Statistics()
-      replication?.absorb(figures)
-      leasesHeld = (leasesHeld ?? 0) + (role == .leader ? 1 : 0)
-    }
-    guard let worker = account.worker else { return }
-    let (now, most) = worker.assumeIsolated { ($0.statistics.pollsInFlight, $0.statistics.maxPollsInFlight) }
-    inFlight += now
-    maxPerAccount = max(maxPerAccount, most)
+    guard let (statistics, role) = account.owner.replicationOnLoop() else { return }
+    figures = figures ?? FeedReplica.Statistics()
+    figures?.absorb(statistics)
+    leasesHeld = (leasesHeld ?? 0) + (role == .leader ? 1 : 0)
   }
 }

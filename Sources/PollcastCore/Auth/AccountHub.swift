@@ -161,10 +161,9 @@ public actor AccountHub {
     public var feeds = FeedStatistics()
   }
 
-  /// Counters of evicted accounts' feeds.
-  var retiredFeeds = FeedStatistics()
-  /// The walk over the accounts a `/metrics` scrape started (`sharedStatisticsInTurns`): scrapes that arrive while it
-  /// runs wait for its figures instead of each walking every account again.
+  /// The walk over the accounts a `/metrics` scrape started on a store shared across nodes
+  /// (`sharedStatisticsInTurns`): scrapes that arrive while it runs wait for its figures instead of each walking every
+  /// account again.
   var statisticsWalk: Task<Statistics, Never>?
 
   let upstream: Upstream
@@ -206,6 +205,8 @@ public actor AccountHub {
   var highWater: UInt64 = 0
   /// The ring bytes of every kept account's feed, kept as the rings change (`enforceBounds` reads it).
   let ringBytes = RingByteTally()
+  /// Every account's feed and loop figures, kept as they change (`statistics()` reads them).
+  let totals = AccountTotals()
   var boundsTimer: LoopTimer?
   var recheckTimer: LoopTimer?
   /// Keys whose re-check is under way.
@@ -226,7 +227,7 @@ public actor AccountHub {
     loop.assertOnLoop()
     self.loop = loop
     self.upstream = upstream
-    feedCommon = FeedCommon(upstream.feed, wheelOn: loop)
+    feedCommon = FeedCommon(upstream.feed, wheelOn: loop, totals: totals)
     var workerSettings = upstream.worker
     workerSettings.stopWhenKeyRefused = true
     workerSettings.idleAfter = nil  // the hub runs the grace period
@@ -360,7 +361,7 @@ public actor AccountHub {
     workerLogger.label = "upstream.\(account.label)"
     let worker = UpstreamWorker(
       loop: loop, feed: account.feed, client: client, adapter: adapter, shared: workerSettings,
-      logger: workerLogger, random: SeededRandom(seed: random.next()))
+      logger: workerLogger, random: SeededRandom(seed: random.next()), totals: totals)
     worker.assumeIsolated { worker in
       if let position = account.position { worker.restore(position) }
       worker.onKeyRefused { [weak self, weak account] _ in
@@ -396,6 +397,7 @@ public actor AccountHub {
   }
 
   func subscribersChanged(_ account: Account, _ count: Int) {
+    totals.subscribers += count - account.subscribers
     account.subscribers = count
     account.lastUsed = MonotonicClock.seconds()
     if count > 0 {

@@ -31,9 +31,9 @@ extension Feed {
       offset += event.bytes.count
       entries.append(entry)
       ring.append(entry)
-      stats.eventsPublished += 1
       if let stream = event.stream { stats.eventsPublishedByStream[stream, default: 0] += 1 }
     }
+    count { $0.eventsPublished += fresh.count }
     visibleHead = fresh[fresh.count - 1].id
     if ids.head < visibleHead { ids = EventIDAllocator(startMicroseconds: 0, persistedAtLeast: visibleHead) }
     ring.evictExpired(now: now)

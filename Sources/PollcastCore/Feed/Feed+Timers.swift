@@ -75,7 +75,7 @@ extension Feed {
       heartbeatCursor += 1
       visited += 1
       guard subscriber.mode == .live, !subscriber.isClosed, now - subscriber.lastWrite >= quiet else { continue }
-      stats.heartbeatsSent += 1
+      count { $0.heartbeatsSent += 1 }
       writeTime = now
       broadcast(heartbeatBytes, to: subscriber)
     }
@@ -100,10 +100,10 @@ extension Feed {
     let notice = ByteSlice(SSEEncoder.comment("maximum connection age reached: reconnect with Last-Event-ID"))
     for subscriber in due {
       if let endsAt = subscriber.grantEndsAt, endsAt <= now, let last = subscriber.grantEndEvent {
-        stats.grantsEnded += 1
+        count { $0.grantsEnded += 1 }
         end(subscriber, with: last)
       } else {
-        stats.agedOut += 1
+        count { $0.agedOut += 1 }
         end(subscriber, with: notice)
       }
     }

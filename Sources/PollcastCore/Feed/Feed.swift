@@ -159,6 +159,13 @@ public actor Feed {
     ageTimer = check
   }
 
+  /// Adds to this feed's counters and to the totals its settings share (an account's feed: `AccountTotals`).
+  @inline(__always)
+  func count(_ change: (inout FeedStatistics) -> Void) {
+    change(&stats)
+    if let totals = common.totals { change(&totals.feeds) }
+  }
+
   public func statistics() -> FeedStatistics {
     var snapshot = stats
     snapshot.ringEvents = ring.count
@@ -217,7 +224,7 @@ public actor Feed {
     do {
       try await commit(stored)
     } catch {
-      stats.storeFailures += 1
+      count { $0.storeFailures += 1 }
       if ranges != nil { unissuedChanged = true }
       forgottenStreams = forget + forgottenStreams
       if let last = batch?.events.last?.id, ids.head == last { ids.rewind(to: headBefore) }
@@ -307,9 +314,9 @@ public actor Feed {
       let entry = ReplayRing.Entry(id: prepared.id, stream: prepared.stream, slice: prepared.entry.slice, time: now)
       entries.append(entry)
       ring.append(entry)
-      stats.eventsPublished += 1
       if let stream = prepared.stream { stats.eventsPublishedByStream[stream, default: 0] += 1 }
     }
+    count { $0.eventsPublished += batch.count }
     visibleHead = max(visibleHead, batch[batch.count - 1].id)
     ring.evictExpired(now: now)
     writeTime = now
@@ -368,12 +375,12 @@ public actor Feed {
       disconnectSlow(subscriber)
       return false
     }
-    stats.bytesQueued += size
+    count { $0.bytesQueued += size }
     return true
   }
 
   func disconnectSlow(_ subscriber: Subscriber) {
-    stats.slowConsumerDisconnects += 1
+    count { $0.slowConsumerDisconnects += 1 }
     remove(subscriber)
     subscriber.sink.abort()
   }
@@ -413,23 +420,26 @@ public actor Feed {
     }
     subscriber.registryIndex = subscribers.count
     subscribers.append(subscriber)
-    stats.subscribersConnected += 1
-    stats.subscribersTotal += 1
+    count {
+      $0.subscribersConnected += 1
+      $0.subscribersTotal += 1
+    }
 
     var opening = [preamble]
     switch decision {
     case .live:
       break
     case .reset(let reason, let requested):
-      stats.resetsByReason[reason.rawValue, default: 0] += 1
+      count { $0.resetsByReason[reason.rawValue, default: 0] += 1 }
       opening.append(ByteSlice(resetEvent(reason: reason, requested: requested)))
     case .replay(let after):
-      stats.resumes += 1
+      count { $0.resumes += 1 }
       subscriber.cursor = after
       subscriber.mode = .replaying
     }
     if subscriber.mode == .live, let statusEvent { opening.append(statusEvent.payload) }
-    stats.bytesQueued += opening.reduce(0) { $0 + $1.count }
+    let openingBytes = opening.reduce(0) { $0 + $1.count }
+    count { $0.bytesQueued += openingBytes }
     subscriber.sink.write(opening)
     if subscriber.mode == .replaying { pump(subscriber) }
     adjustHeartbeat(growOnly: true)
@@ -459,7 +469,7 @@ public actor Feed {
     }
     subscribers.removeLast()
     subscriber.registryIndex = -1
-    stats.subscribersConnected -= 1
+    count { $0.subscribersConnected -= 1 }
     subscribersChanged()
   }
 
@@ -475,8 +485,10 @@ public actor Feed {
     }
     var slices = step.slices
     subscriber.cursor = step.cursor
-    stats.replayedEvents += step.events
-    stats.bytesQueued += step.bytes
+    count {
+      $0.replayedEvents += step.events
+      $0.bytesQueued += step.bytes
+    }
     if step.reachesHead {
       subscriber.mode = .live
       if let statusEvent { slices.append(statusEvent.payload) }

@@ -1,7 +1,11 @@
-/// A running total of bytes held by many rings (per-user relaying's accounts), kept as the rings change, so the
-/// bound over all of them is checked without visiting every ring. Loop-confined, like the rings.
+/// Running totals over many rings (per-user relaying's accounts), kept as the rings change, so the bound over all
+/// of them is checked, and `/metrics` reads them, without visiting every ring. Loop-confined, like the rings.
 public final class RingByteTally: @unchecked Sendable {
+  /// Bytes and events held by the rings counted toward it now.
   public internal(set) var bytes = 0
+  public internal(set) var events = 0
+  /// Events those rings evicted, a counter: a ring's evictions stay counted when it leaves (an evicted account).
+  public internal(set) var evicted = 0
   public init() {}
 }
 
@@ -49,11 +53,15 @@ public struct ReplayRing {
     self.floorID = floorID
   }
 
-  /// Counts this ring's bytes toward `tally` (nil: toward none), moving them out of the previous tally.
+  /// Counts this ring's bytes and events toward `tally` (nil: toward none), moving them out of the previous tally.
+  /// Its evictions so far are added to the new tally and stay in the old one (a counter never goes down).
   public mutating func count(toward tally: RingByteTally?) {
     guard tally !== self.tally else { return }
     self.tally?.bytes -= byteCount
+    self.tally?.events -= count
     tally?.bytes += byteCount
+    tally?.events += count
+    tally?.evicted += evictedCount
     self.tally = tally
   }
 
@@ -73,6 +81,7 @@ public struct ReplayRing {
     entries.append(entry)
     byteCount += entry.slice.count
     tally?.bytes += entry.slice.count
+    tally?.events += 1
     while count > limits.maxEvents || (byteCount > limits.maxBytes && count > 1) {
       evictOldest()
     }
@@ -120,6 +129,7 @@ public struct ReplayRing {
     entries = kept
     start = 0
     tally?.bytes += bytes - byteCount
+    tally?.events -= before - count
     byteCount = bytes
     return before - count
   }
@@ -128,6 +138,8 @@ public struct ReplayRing {
     let oldest = entries[start]
     byteCount -= oldest.slice.count
     tally?.bytes -= oldest.slice.count
+    tally?.events -= 1
+    tally?.evicted += 1
     floorID = max(floorID, oldest.id)
     evictedCount += 1
     start += 1

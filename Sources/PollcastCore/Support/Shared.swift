@@ -15,9 +15,12 @@ final class FeedCommon: Sendable {
   /// Where feeds of one slice run their heartbeat rounds (`HeartbeatWheel`), when these settings are shared by many
   /// small feeds on `loop` (per-user relaying's accounts); nil: every feed runs its own timer.
   let wheel: HeartbeatWheel?
+  /// The totals the feeds' counters are added to as well (per-user relaying's accounts: `AccountTotals`).
+  let totals: AccountTotals?
 
-  init(_ settings: FeedSettings, wheelOn loop: EventLoop? = nil) {
+  init(_ settings: FeedSettings, wheelOn loop: EventLoop? = nil, totals: AccountTotals? = nil) {
     self.settings = settings
+    self.totals = totals
     wheel = loop.map { HeartbeatWheel(loop: $0, interval: settings.heartbeatInterval) }
     preamble = ByteSlice(
       SSEEncoder.comment("pollcast \(PollcastVersion.current)")

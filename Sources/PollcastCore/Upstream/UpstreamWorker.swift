@@ -44,6 +44,8 @@ public actor UpstreamWorker {
   private var keyRefused: (@Sendable (UpstreamError) -> Void)?
   public internal(set) var state: State = .stopped
   public internal(set) var statistics = UpstreamStatistics()
+  /// The totals its polls in flight are added to as well (an account's loop: `AccountTotals`).
+  private let totals: AccountTotals?
 
   public init(
     loop: EventLoop, feed: Feed, client: UpstreamClient, adapter: UpstreamAdapter, settings: Settings, logger: Logger,
@@ -57,7 +59,7 @@ public actor UpstreamWorker {
   /// A worker whose settings are shared with others (`AccountHub`'s, one per account).
   init(
     loop: EventLoop, feed: Feed, client: UpstreamClient, adapter: UpstreamAdapter, shared: Shared<Settings>,
-    logger: Logger, random: SeededRandom
+    logger: Logger, random: SeededRandom, totals: AccountTotals? = nil
   ) {
     let settings = shared.value
     // The worker publishes with assumeIsolated, and its transport is confined to the loop it was made on.
@@ -69,6 +71,7 @@ public actor UpstreamWorker {
     self.adapter = adapter
     self.recipe = adapter as? RecipeAdapter
     self.sharedSettings = shared
+    self.totals = totals
     self.logger = logger
     self.random = random
     self.backoff = settings.backoff
@@ -148,7 +151,14 @@ public actor UpstreamWorker {
     // The task's cancellation reaches the transfer through the loop; cancel here too so nothing of the old
     // cycle is in flight when the next one starts.
     client.cancelAll()
-    statistics.pollsInFlight = 0
+    setPollsInFlight(0)
+  }
+
+  /// Sets the polls in flight, and the most at once, here and in `totals`.
+  private func setPollsInFlight(_ count: Int) {
+    totals?.pollsInFlight(from: statistics.pollsInFlight, to: count)
+    statistics.pollsInFlight = count
+    statistics.maxPollsInFlight = max(statistics.maxPollsInFlight, count)
   }
 
   private func isCurrent(_ cycleGeneration: Int) -> Bool {
@@ -333,16 +343,15 @@ public actor UpstreamWorker {
   /// Counts a poll going out (`statistics.pollStarted` is when).
   @inline(never)
   private func pollStarting() {
-    statistics.pollsInFlight += 1
+    setPollsInFlight(statistics.pollsInFlight + 1)
     assert(statistics.pollsInFlight == 1, "more than one poll in flight")
-    statistics.maxPollsInFlight = max(statistics.maxPollsInFlight, statistics.pollsInFlight)
     statistics.pollStarted = MonotonicClock.seconds()
   }
 
   /// A failed call of the current cycle: a poll of it is no longer in flight (the session step counts none).
   @inline(never)
   private func pollFailed() {
-    if statistics.pollsInFlight > 0 { statistics.pollsInFlight -= 1 }
+    if statistics.pollsInFlight > 0 { setPollsInFlight(statistics.pollsInFlight - 1) }
   }
 
   /// Counts an answered poll; an answer clears the failure streak. Notes where the cursors stood before it is
@@ -350,7 +359,7 @@ public actor UpstreamWorker {
   @inline(never)
   private func pollAnswered(_ answer: UpstreamPollAnswer) {
     positionBefore = PositionBefore(cursors: cursors, tokens: book.tokens)
-    statistics.pollsInFlight -= 1
+    setPollsInFlight(statistics.pollsInFlight - 1)
     statistics.pollDurations.record(MonotonicClock.seconds() - (statistics.pollStarted ?? MonotonicClock.seconds()))
     statistics.lastPollCompleted = MonotonicClock.seconds()
     statistics.pollsByOutcome[answer.isEmpty ? "empty" : "messages", default: 0] += 1

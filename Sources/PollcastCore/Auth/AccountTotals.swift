@@ -15,7 +15,7 @@ final class AccountTotals: @unchecked Sendable {
   var subscribers = 0
 
   /// A loop's polls in flight went from `before` to `now`.
-  func pollsInFlight(from before: Int, to now: Int) {
+  func pollsInFlightChanged(from before: Int, to now: Int) {
     pollsInFlight += now - before
     maxPollsInFlight = max(maxPollsInFlight, now)
   }

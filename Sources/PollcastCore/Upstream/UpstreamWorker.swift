@@ -156,7 +156,7 @@ public actor UpstreamWorker {
 
   /// Sets the polls in flight, and the most at once, here and in `totals`.
   private func setPollsInFlight(_ count: Int) {
-    totals?.pollsInFlight(from: statistics.pollsInFlight, to: count)
+    totals?.pollsInFlightChanged(from: statistics.pollsInFlight, to: count)
     statistics.pollsInFlight = count
     statistics.maxPollsInFlight = max(statistics.maxPollsInFlight, count)
   }

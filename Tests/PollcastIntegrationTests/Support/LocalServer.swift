@@ -53,40 +53,72 @@ final class LocalServer {
       description: "\(name) did not start in 3 attempts; the last log ended with:\n\(lastLog)")
   }
 
-  /// `count` distinct loopback ports that were free a moment ago, on 127.0.0.1 and (when this machine has it) on ::1.
+  /// `count` distinct ports that were free a moment ago on every address, IPv4 and IPv6.
   ///
-  /// chromedriver listens on both loopbacks at one port and exits when the IPv6 one is taken ("IPv6 port not
-  /// available"). A port free on 127.0.0.1 can still be taken on ::1 (by a client socket there, say; which one was
-  /// not found): a local run saw all three attempts fail that way in 0.4 s. A port is handed out only
-  /// when both binds succeed; the sockets of refused ports stay open until the end, so none is offered twice.
+  /// chromedriver given `--allowed-ips` listens on the wildcard address (`*:port`, IPv6 and IPv4 at once), without
+  /// the reuse option, and exits when any socket on that port is left, even one in TIME-WAIT from a closed connection
+  /// ("IPv6 port not available"). After a test that opens 15,000 connections, over half the ephemeral ports have
+  /// one for a minute, and a port that was free on 127.0.0.1 and ::1 for a listener with the reuse option failed
+  /// three attempts in a row (a full local run; 3 of 5 ports tried by hand with 59,626 such sockets left). So a port
+  /// is reserved the way that server binds it: a socket bound to the wildcard address, port 0 (the kernel picks one
+  /// no socket holds), without the reuse option, and not listening (it accepts nothing). The sockets stay bound
+  /// until every port is picked, so none is offered twice.
   static func freePorts(_ count: Int) throws -> [Int] {
-    var sockets: [ListeningSocket] = []
-    defer { for socket in sockets { close(socket.fd) } }
+    var reserved: [Int32] = []
+    defer { for fd in reserved { close(fd) } }
     var ports: [Int] = []
     for _ in 0..<(count + 64) where ports.count < count {
-      let socket = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 1)
-      sockets.append(socket)
-      guard hasIPv6Loopback else {
-        ports.append(socket.port)
-        continue
-      }
-      if let twin = try? ListeningSocket.bind(host: "::1", port: socket.port, backlog: 1) {
-        sockets.append(twin)
-        ports.append(socket.port)
-      }
+      guard let (fd, port) = bindWildcard() else { continue }
+      reserved.append(fd)
+      if !ports.contains(port) { ports.append(port) }
     }
     guard ports.count == count else {
-      throw TestSSEClient.Failure(description: "no \(count) loopback ports free on both 127.0.0.1 and ::1")
+      throw TestSSEClient.Failure(description: "no \(count) ports free on every address")
     }
     return ports
   }
 
-  /// True when this machine can listen on ::1 (some CI machines have IPv6 turned off).
-  static let hasIPv6Loopback: Bool = {
-    guard let socket = try? ListeningSocket.bind(host: "::1", port: 0, backlog: 1) else { return false }
-    close(socket.fd)
-    return true
-  }()
+  /// A socket bound to port 0 of the wildcard address (IPv6 with IPv4 mapped, or IPv4 alone where this machine
+  /// has no IPv6), without SO_REUSEADDR, and the port the kernel gave it.
+  private static func bindWildcard() -> (Int32, Int)? {
+    let v6 = socket(AF_INET6, Int32(SOCK_STREAM.rawValue), 0)
+    if v6 >= 0 {
+      var off: Int32 = 0
+      setsockopt(v6, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &off, socklen_t(MemoryLayout<Int32>.size))
+      var address = sockaddr_in6()
+      address.sin6_family = sa_family_t(AF_INET6)
+      address.sin6_addr = in6addr_any
+      if let port = bindAndName(v6, &address) { return (v6, port) }
+      close(v6)
+    }
+    let v4 = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard v4 >= 0 else { return nil }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = INADDR_ANY
+    if let port = bindAndName(v4, &address) { return (v4, port) }
+    close(v4)
+    return nil
+  }
+
+  /// Binds `fd` to `address` (port 0) and reads back the port given.
+  private static func bindAndName<Address>(_ fd: Int32, _ address: inout Address) -> Int? {
+    let size = socklen_t(MemoryLayout<Address>.size)
+    let bound = withUnsafePointer(to: &address) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, size) }
+    }
+    guard bound == 0 else { return nil }
+    var name = sockaddr_storage()
+    var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+    let named = withUnsafeMutablePointer(to: &name) {
+      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+    }
+    guard named == 0 else { return nil }
+    let port = withUnsafePointer(to: &name) {
+      $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin_port) }
+    }
+    return port == 0 ? nil : Int(port)
+  }
 
   /// Kills the server (SIGKILL) unless it has exited, and reaps it.
   func stop() {

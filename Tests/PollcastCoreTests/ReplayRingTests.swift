@@ -82,7 +82,7 @@ import Testing
   }
 
   @Test func aTallyFollowsEveryChangeOfTheRingsThatCountTowardIt() {
-    let tally = RingByteTally()
+    let tally = RingTally()
     var first = ReplayRing(limits: .init(maxEvents: 4, maxBytes: 1000, maxAge: 5), floorID: 0)
     var second = ReplayRing(limits: .init(maxEvents: 100, maxBytes: 1000), floorID: 0)
     first.append(entry(1, size: 7))

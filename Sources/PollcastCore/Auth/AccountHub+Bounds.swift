@@ -42,11 +42,11 @@ extension AccountHub {
 
   func evict(_ account: Account, reason: String) {
     // Its counters stay in the running totals (`AccountTotals`); its ring's bytes and events leave them below.
-    highWater = max(highWater, account.feed.assumeIsolated { $0.statistics().headID })
+    highWater = max(highWater, account.feed.assumeIsolated { $0.headID })
     account.graceTimer = nil
     account.feed.assumeIsolated { feed in
       feed.pause()
-      feed.countRingBytes(toward: nil)
+      feed.countRing(toward: nil)
     }
     upstream.store.drop(feed: account.feed.storeKey)
     accounts[account.key] = nil
@@ -67,7 +67,7 @@ extension AccountHub {
   func enforceBounds() {
     checkKeptApart()
     for account in idleAccounts.values { account.feed.assumeIsolated { $0.evictExpired() } }
-    var total = ringBytes.bytes
+    var total = rings.bytes
     #if DEBUG
       let scanned = accounts.values.reduce(0) { $0 + $1.feed.assumeIsolated { $0.ringBytes } }
       assert(total == scanned, "ring byte tally \(total) != \(scanned) over the accounts' rings")
@@ -105,7 +105,7 @@ extension AccountHub {
 
   // MARK: Introspection and shutdown
 
-  /// Every account's figures, read from running totals (`AccountTotals`, the rings' `RingByteTally`) without
+  /// Every account's figures, read from running totals (`AccountTotals`, the rings' `RingTally`) without
   /// visiting the accounts. On a store shared across nodes, the accounts' lease owners' figures are summed by
   /// visiting every account here, in one piece (`/metrics` does it in turns: `statisticsInTurns`).
   public func statistics() -> Statistics {
@@ -172,13 +172,14 @@ extension AccountHub {
     snapshot.pendingChecks = checking.count
     snapshot.pollsInFlight = totals.pollsInFlight
     snapshot.maxPollsInFlightPerAccount = totals.maxPollsInFlight
-    snapshot.subscribers = totals.subscribers
+    // The feeds count their subscribers as they attach and leave, and tell the account (`subscribersChanged`) then.
+    snapshot.subscribers = totals.feeds.subscribersConnected
     var feeds = totals.feeds
     // Every account's events count under one label: one per account would make the metric's cardinality unbounded.
     feeds.eventsPublishedByStream = feeds.eventsPublished > 0 ? ["accounts": feeds.eventsPublished] : [:]
-    feeds.ringEvents = ringBytes.events
-    feeds.ringBytes = ringBytes.bytes
-    feeds.ringEvicted = ringBytes.evicted
+    feeds.ringEvents = rings.events
+    feeds.ringBytes = rings.bytes
+    feeds.ringEvicted = rings.evicted
     snapshot.feeds = feeds
     snapshot.replication = replication.figures
     snapshot.leasesHeld = replication.leasesHeld
@@ -204,12 +205,12 @@ extension AccountHub {
   func checkTotals() {
     #if DEBUG
       let summed = summedOverAccounts()
-      let held = (totals.subscribers, totals.pollsInFlight, totals.feeds.subscribersConnected)
+      let held = (totals.feeds.subscribersConnected, totals.pollsInFlight, totals.feeds.subscribersConnected)
       let visited = (summed.subscribers, summed.pollsInFlight, summed.feeds.subscribersConnected)
       assert(held == visited, "running totals \(held) != \(visited) over the accounts")
       assert(
-        (ringBytes.events, ringBytes.bytes) == (summed.feeds.ringEvents, summed.feeds.ringBytes),
-        "ring tally \((ringBytes.events, ringBytes.bytes)) != \((summed.feeds.ringEvents, summed.feeds.ringBytes))")
+        (rings.events, rings.bytes) == (summed.feeds.ringEvents, summed.feeds.ringBytes),
+        "ring tally \((rings.events, rings.bytes)) != \((summed.feeds.ringEvents, summed.feeds.ringBytes))")
       let counters: [(String, Int, Int)] = [
         ("subscribersTotal", totals.feeds.subscribersTotal, summed.feeds.subscribersTotal),
         ("eventsPublished", totals.feeds.eventsPublished, summed.feeds.eventsPublished),
@@ -221,7 +222,7 @@ extension AccountHub {
         ("agedOut", totals.feeds.agedOut, summed.feeds.agedOut),
         ("grantsEnded", totals.feeds.grantsEnded, summed.feeds.grantsEnded),
         ("storeFailures", totals.feeds.storeFailures, summed.feeds.storeFailures),
-        ("ringEvicted", ringBytes.evicted, summed.feeds.ringEvicted),
+        ("ringEvicted", rings.evicted, summed.feeds.ringEvicted),
       ]
       for (name, held, visited) in counters {
         assert(held >= visited, "running total of \(name) \(held) < \(visited) over the kept accounts")

@@ -204,7 +204,7 @@ public actor AccountHub {
   /// Highest id any evicted account's feed handed out: a new feed starts above it, so ids are never reused.
   var highWater: UInt64 = 0
   /// The ring bytes of every kept account's feed, kept as the rings change (`enforceBounds` reads it).
-  let ringBytes = RingByteTally()
+  let rings = RingTally()
   /// Every account's feed and loop figures, kept as they change (`statistics()` reads them).
   let totals = AccountTotals()
   var boundsTimer: LoopTimer?
@@ -309,7 +309,7 @@ public actor AccountHub {
       }
       if label == nil { nextLabel += 1 }
       feed.assumeIsolated { feed in
-        feed.countRingBytes(toward: ringBytes)
+        feed.countRing(toward: rings)
         feed.observeSubscribers { [weak self, weak account] count in
           guard let account else { return }
           self?.assumeIsolated { $0.subscribersChanged(account, count) }
@@ -397,7 +397,6 @@ public actor AccountHub {
   }
 
   func subscribersChanged(_ account: Account, _ count: Int) {
-    totals.subscribers += count - account.subscribers
     account.subscribers = count
     account.lastUsed = MonotonicClock.seconds()
     if count > 0 {

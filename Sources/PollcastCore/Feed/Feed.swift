@@ -144,8 +144,8 @@ public actor Feed {
   /// Drops ring events older than the age bound (a paused feed's timer does not).
   public func evictExpired() { ring.evictExpired(now: MonotonicClock.seconds()) }
 
-  /// Counts this feed's ring bytes toward `tally` (nil: toward none).
-  public func countRingBytes(toward tally: RingByteTally?) { ring.count(toward: tally) }
+  /// Counts this feed's ring (events, bytes, evictions) toward `tally` (nil: toward none).
+  public func countRing(toward tally: RingTally?) { ring.count(toward: tally) }
 
   /// The timer that ends streams at their maximum age or their token's expiry: started with the first stream
   /// that has either. A tick costs one comparison until the earliest end is due.

@@ -1,6 +1,6 @@
 /// Running totals over many rings (per-user relaying's accounts), kept as the rings change, so the bound over all
 /// of them is checked, and `/metrics` reads them, without visiting every ring. Loop-confined, like the rings.
-public final class RingByteTally: @unchecked Sendable {
+public final class RingTally: @unchecked Sendable {
   /// Bytes and events held by the rings counted toward it now.
   public internal(set) var bytes = 0
   public internal(set) var events = 0
@@ -46,7 +46,7 @@ public struct ReplayRing {
   public private(set) var floorID: UInt64
   public private(set) var evictedCount = 0
   /// The total this ring's bytes count toward, if any: every change of `byteCount` is added to it.
-  public private(set) var tally: RingByteTally?
+  public private(set) var tally: RingTally?
 
   public init(limits: Limits, floorID: UInt64) {
     self.limits = limits
@@ -55,7 +55,7 @@ public struct ReplayRing {
 
   /// Counts this ring's bytes and events toward `tally` (nil: toward none), moving them out of the previous tally.
   /// Its evictions so far are added to the new tally and stay in the old one (a counter never goes down).
-  public mutating func count(toward tally: RingByteTally?) {
+  public mutating func count(toward tally: RingTally?) {
     guard tally !== self.tally else { return }
     self.tally?.bytes -= byteCount
     self.tally?.events -= count

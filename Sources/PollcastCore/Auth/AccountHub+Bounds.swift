@@ -205,9 +205,12 @@ extension AccountHub {
   func checkTotals() {
     #if DEBUG
       let summed = summedOverAccounts()
-      let held = (totals.feeds.subscribersConnected, totals.pollsInFlight, totals.feeds.subscribersConnected)
-      let visited = (summed.subscribers, summed.pollsInFlight, summed.feeds.subscribersConnected)
+      let held = (totals.feeds.subscribersConnected, totals.pollsInFlight)
+      let visited = (summed.feeds.subscribersConnected, summed.pollsInFlight)
       assert(held == visited, "running totals \(held) != \(visited) over the accounts")
+      assert(
+        summed.subscribers == summed.feeds.subscribersConnected,
+        "the accounts count \(summed.subscribers) subscribers, their feeds \(summed.feeds.subscribersConnected)")
       assert(
         (rings.events, rings.bytes) == (summed.feeds.ringEvents, summed.feeds.ringBytes),
         "ring tally \((rings.events, rings.bytes)) != \((summed.feeds.ringEvents, summed.feeds.ringBytes))")

@@ -203,7 +203,8 @@ public actor AccountHub {
   var nextLabel = 1
   /// Highest id any evicted account's feed handed out: a new feed starts above it, so ids are never reused.
   var highWater: UInt64 = 0
-  /// The ring bytes of every kept account's feed, kept as the rings change (`enforceBounds` reads it).
+  /// The rings of every kept account's feed (bytes and events held, events evicted), kept as the rings change
+  /// (`enforceBounds` and `statistics()` read it).
   let rings = RingTally()
   /// Every account's feed and loop figures, kept as they change (`statistics()` reads them).
   let totals = AccountTotals()

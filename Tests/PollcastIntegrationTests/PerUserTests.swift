@@ -128,7 +128,8 @@ import Testing
       #expect(inTurns.feeds.eventsPublished == accounts.feeds.eventsPublished)
       #expect(inTurns.pollsInFlight == accounts.pollsInFlight)
       #expect(inTurns.maxPollsInFlightPerAccount == 1)
-      // Scrapes at once share one walk; none is left behind for the next scrape.
+      // Scrapes at once get the same figures (this node's store: read from the totals, no walk); no walk is left
+      // behind for the next scrape.
       async let one = harness.hub.sharedStatisticsInTurns(turn: 1)
       async let two = harness.hub.sharedStatisticsInTurns(turn: 1)
       let (scrapeOne, scrapeTwo) = await (one, two)

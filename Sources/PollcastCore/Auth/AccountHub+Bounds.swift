@@ -152,8 +152,10 @@ extension AccountHub {
   }
 
   /// `statisticsInTurns`, one walk at a time: a scrape that arrives while a walk runs gets that walk's figures (begun
-  /// at most one walk's time before it asked), so several scrapers at once cost one walk, not one each.
+  /// at most one walk's time before it asked), so several scrapers at once cost one walk, not one each. Without a
+  /// store shared across nodes there is nothing to walk: the running totals are read at once, with no task.
   public func sharedStatisticsInTurns(turn: Int? = nil) async -> Statistics {
+    guard upstream.store.sharedAcrossNodes else { return statistics() }
     if let walk = statisticsWalk { return await walk.value }
     let walk = Task {
       let statistics = await statisticsInTurns(turn: turn)

@@ -45,7 +45,8 @@ public struct ReplayRing {
   /// cannot be answered without a gap.
   public private(set) var floorID: UInt64
   public private(set) var evictedCount = 0
-  /// The total this ring's bytes count toward, if any: every change of `byteCount` is added to it.
+  /// The totals this ring counts toward, if any: every change of `byteCount` and `count`, and every eviction, is
+  /// added to it.
   public private(set) var tally: RingTally?
 
   public init(limits: Limits, floorID: UInt64) {

@@ -157,7 +157,8 @@ public final class Relay: Sendable {
       )
     }
     if let hub {
-      // Thousands of accounts are summed in turns (`statisticsInTurns`): a scrape does not stall every stream.
+      // The accounts' figures are running totals; only a store shared across nodes has its lease owners' figures
+      // summed, in turns (`sharedStatisticsInTurns`), so a scrape does not stall every stream.
       await server.addRoute(
         "/metrics",
         .init(asyncHandler: { [loop] in

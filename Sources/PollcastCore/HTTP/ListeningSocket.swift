@@ -32,13 +32,19 @@ public struct ListeningSocket: Sendable {
       throw ServerError.bind(address: "\(host):\(port)", reason: reason)
     }
     evutil_make_socket_nonblocking(fd)
+    return ListeningSocket(fd: fd, host: host, port: boundPort(of: fd) ?? 0)
+  }
+
+  /// The port a bound socket `fd` holds (IPv4 or IPv6), or nil when it cannot be read.
+  public static func boundPort(of fd: Int32) -> Int? {
     var storage = sockaddr_storage()
     var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-    _ = withUnsafeMutablePointer(to: &storage) { pointer in
+    let named = withUnsafeMutablePointer(to: &storage) { pointer in
       pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
     }
+    guard named == 0 else { return nil }
     let family = storage.ss_family
-    let boundPort = withUnsafeMutablePointer(to: &storage) { pointer -> Int in
+    return withUnsafeMutablePointer(to: &storage) { pointer -> Int in
       if family == sa_family_t(AF_INET6) {
         return pointer.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) {
           Int(UInt16(bigEndian: $0.pointee.sin6_port))
@@ -48,7 +54,6 @@ public struct ListeningSocket: Sendable {
         Int(UInt16(bigEndian: $0.pointee.sin_port))
       }
     }
-    return ListeningSocket(fd: fd, host: host, port: boundPort)
   }
 }
 

@@ -107,17 +107,8 @@ final class LocalServer {
     let bound = withUnsafePointer(to: &address) {
       $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, size) }
     }
-    guard bound == 0 else { return nil }
-    var name = sockaddr_storage()
-    var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
-    let named = withUnsafeMutablePointer(to: &name) {
-      $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
-    }
-    guard named == 0 else { return nil }
-    let port = withUnsafePointer(to: &name) {
-      $0.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin_port) }
-    }
-    return port == 0 ? nil : Int(port)
+    guard bound == 0, let port = ListeningSocket.boundPort(of: fd), port != 0 else { return nil }
+    return port
   }
 
   /// Kills the server (SIGKILL) unless it has exited, and reaps it.

@@ -107,6 +107,38 @@ import Testing
     }
   }
 
+  /// A key placed in a URL path stays in its segment: `..` or `.` would make `/api/users/../events` (or, normalised,
+  /// `/api/events`), which an API may serve for every account. Such a key is refused as a key, nothing is sent for
+  /// it, and a plain key still polls its own path.
+  @Test func aKeyThatIsADotSegmentNeverMovesThePollToAnotherPath() async throws {
+    let capture = try CapturingServer(status: 200, body: "{\"data\":{\"items\":[]}}")
+    defer { capture.stop() }
+    let generic = GenericAdapter.Settings(
+      urlTemplate: "\(capture.url)/api/users/{credential}/events?after={cursor}", eventsPointer: "/data/items",
+      timeout: 3)
+    try await AccountsHarness.start(generic: generic, charset: .visible).run { harness in
+      for key in ["..", ".", "%2e%2e"] {
+        _ = try? rawExchange(
+          port: harness.port,
+          "GET /events HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer \(key)\r\n\r\n", timeout: 1)
+      }
+      _ = try? rawExchange(
+        port: harness.port, "GET /events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer alice\r\n\r\n", timeout: 1)
+      let deadline = MonotonicClock.seconds() + 5
+      while !capture.received.contains(where: { $0.line.contains("/alice/") }) && MonotonicClock.seconds() < deadline {
+        try await Task.sleep(for: .milliseconds(20))
+      }
+      try await Task.sleep(for: .milliseconds(300))
+      let lines = capture.received.map(\.line)
+      #expect(lines.contains { $0.hasPrefix("GET /api/users/alice/events?after=") })
+      // `%2e%2e` is sent encoded (`%252e%252e`): one plain segment of its own.
+      let allowed = ["/api/users/alice/events?", "/api/users/%252e%252e/events?"]
+      for line in lines {
+        #expect(allowed.contains { line.hasPrefix("GET \($0)") }, "the legacy API was asked for \(line)")
+      }
+    }
+  }
+
   /// The builder is the last step before the wire: a request with a control byte in a header value, the URL or
   /// the method is refused as `unsafeRequest` and not one byte reaches the server, whoever built it.
   @Test func theRequestBuilderRefusesControlBytesBeforeTheWire() async throws {

@@ -214,6 +214,8 @@ extension RecipeTemplate {
   /// request again before it leaves).
   func render(_ scope: RecipeScope, _ placement: Placement, vars: Set<String> = []) throws(UpstreamError) -> String {
     var text = ""
+    /// Where encoded values went in the URL's path (UTF-8 offsets), each checked once the whole URL is known.
+    var placedInPath: [(range: Range<Int>, placeholder: Placeholder)] = []
     for (index, part) in parts.enumerated() {
       switch part {
       case .literal(let literal): text += placement == .encoded ? encodeQueryValue(literal) : literal
@@ -226,7 +228,15 @@ extension RecipeTemplate {
           var trusted = index == 0
           if case .env = placeholder { trusted = true }
           if case .name(let name) = placeholder, vars.contains(name) { trusted = true }
-          text += trusted ? value.text : encodeQueryValue(value.text)
+          if trusted {
+            text += value.text
+          } else {
+            let start = text.utf8.count
+            text += encodeQueryValue(value.text)
+            if !text.utf8.contains(where: { $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }) {
+              placedInPath.append((start..<text.utf8.count, placeholder))
+            }
+          }
         case .encoded: text += encodeQueryValue(value.text)
         case .header:
           if let problem = OutgoingRequest.problem(inHeaderValue: value.text, "the value of \(placeholder.spelled)") {
@@ -235,6 +245,12 @@ extension RecipeTemplate {
           text += value.text
         case .text: text += value.text
         }
+      }
+    }
+    for (range, placeholder) in placedInPath {
+      if let problem = URLPathSegment.problem(in: text, around: range) {
+        let message = "request refused: the value of \(placeholder.spelled) makes \(problem)"
+        throw UpstreamError(placeholder == .credential ? .invalidCredential : .unsafeRequest, message)
       }
     }
     return text

@@ -18,6 +18,9 @@ public struct UpstreamError: Error, CustomStringConvertible, Sendable, Equatable
     case cancelled
     /// The request was refused before it left: a control byte in its method, URL or a header (`OutgoingRequest`).
     case unsafeRequest
+    /// The subscriber's key cannot be placed in a request without changing what is asked (a dot segment or an empty
+    /// segment in a URL path): the key is refused like one the API refused, and nothing is sent.
+    case invalidCredential
   }
 
   public var kind: Kind
@@ -37,6 +40,16 @@ public struct UpstreamError: Error, CustomStringConvertible, Sendable, Equatable
   /// A server-given delay longer than this is cut to it: a broken header must not silence a feed for days.
   public static let maxRetryAfter = 3600.0
 
+  /// Whether the error says the key (the API key, or a subscriber's) is refused: a 401, a 403 where the relay stops
+  /// on refused keys, or a key that cannot be placed in a request at all.
+  func refusesKey(stopWhenRefused: Bool) -> Bool {
+    switch kind {
+    case .status(401), .invalidCredential: true
+    case .status(403): stopWhenRefused
+    default: false
+    }
+  }
+
   public var description: String {
     cause.map { "\(message): \($0)" } ?? message
   }
@@ -51,6 +64,7 @@ public struct UpstreamError: Error, CustomStringConvertible, Sendable, Equatable
     case .sessionExpired: "session_expired"
     case .cancelled: "cancelled"
     case .unsafeRequest: "unsafe_request"
+    case .invalidCredential: "invalid_credential"
     }
   }
 }

@@ -49,6 +49,14 @@ public struct Setting: Sendable {
       })
   }
 
+  /// Every number setting is a duration (seconds, or `sse.retry_ms`): one past a billion (31 years of seconds) is a
+  /// mistake, and would overflow where it is turned into whole milliseconds or microseconds.
+  static let largestNumber = 1e9
+
+  static func outOfRange(_ number: Double) -> String? {
+    abs(number) > largestNumber ? "expected a number of at most \(formatNumber(largestNumber)), got \(number)" : nil
+  }
+
   static func double(
     _ key: String, _ path: WritableKeyPath<Configuration, Double> & Sendable, _ summary: String
   ) -> Setting {
@@ -58,11 +66,13 @@ public struct Setting: Sendable {
         guard case .number(let number) = value, number.isFinite else {
           return "expected a number, got \(value.kind)"
         }
+        if let problem = outOfRange(number) { return problem }
         config[keyPath: path] = number
         return nil
       },
       applyText: { config, text in
         guard let double = Double(text), double.isFinite else { return "expected a number, got \(shown(text))" }
+        if let problem = outOfRange(double) { return problem }
         config[keyPath: path] = double
         return nil
       })
@@ -153,6 +163,6 @@ public struct Setting: Sendable {
   }
 }
 
-private func formatNumber(_ value: Double) -> String {
+func formatNumber(_ value: Double) -> String {
   value == value.rounded() && abs(value) < 1e15 ? String(Int(value)) : String(value)
 }

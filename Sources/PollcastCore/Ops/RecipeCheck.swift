@@ -27,12 +27,14 @@ public enum RecipeCheck {
         return 0
       }
       if argument == "--polls" || argument == "--hold" {
-        guard index < arguments.count, let number = Double(arguments[index]), number > 0 else {
-          PollcastCommand.printError("Error: \(argument) needs a number greater than 0\n\n\(usage)\n")
+        let most = argument == "--polls" ? 1e6 : Setting.largestNumber
+        guard index < arguments.count, let number = Double(arguments[index]), number > 0, number <= most else {
+          PollcastCommand.printError(
+            "Error: \(argument) needs a number greater than 0 and at most \(formatNumber(most))\n\n\(usage)\n")
           return PollcastCommand.exitUsage
         }
         index += 1
-        if argument == "--polls" { polls = Int(number) } else { hold = number }
+        if argument == "--polls" { polls = max(1, Int(number)) } else { hold = number }
         continue
       }
       rest.append(argument)

@@ -408,10 +408,13 @@ struct RecipeReader {
     }
     var timeout: Double?
     if let value = members["timeout"] {
-      if case .number(let seconds) = value, seconds > 0, seconds.isFinite {
+      if case .number(let seconds) = value, seconds > 0, seconds <= Setting.largestNumber {
         timeout = seconds
       } else {
-        problem("\(path).timeout", "expected a number of seconds greater than 0, got \(value.kind)")
+        problem(
+          "\(path).timeout",
+          "expected a number of seconds greater than 0 and at most 1e9, got \(value.kind == "a number" ? "\(value.text)" : value.kind)"
+        )
       }
     }
     var extract: [(String, Recipe.Source)] = []

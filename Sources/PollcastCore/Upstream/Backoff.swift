@@ -27,6 +27,17 @@ public struct Backoff: Sendable, Equatable {
   }
 
   public mutating func reset() { attempt = 0 }
+
+  /// The wait after a failure: the backoff's draw, lengthened (never shortened) by a delay the server asked for
+  /// (`Retry-After`, a recipe's `after`), which is then also at least `floor` (the minimum poll interval) and at
+  /// most `UpstreamError.maxRetryAfter`. A server that asks for 0, a negative or a non-number delay, or a date in the
+  /// past, cannot make the relay re-poll a failing API at once.
+  public static func wait(drawn: Double, serverAsked: Double?, floor: Double) -> Double {
+    let drawn = drawn.isFinite ? max(0, drawn) : 0
+    guard let asked = serverAsked else { return drawn }
+    let bounded = asked.isNaN ? 0 : min(max(asked, 0), UpstreamError.maxRetryAfter)
+    return max(drawn, bounded, floor.isFinite ? max(0, floor) : 0)
+  }
 }
 
 /// Spaces polls whose answers came back at once and brought nothing new (an API that does not hold its poll: a

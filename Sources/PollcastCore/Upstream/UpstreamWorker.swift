@@ -430,7 +430,7 @@ public actor UpstreamWorker {
         return .again
       }
     }
-    if case .status(let code) = error.kind, code == 401 || (code == 403 && settings.stopWhenKeyRefused) {
+    if error.refusesKey(stopWhenRefused: settings.stopWhenKeyRefused) {
       if settings.stopWhenKeyRefused {
         logger.warning(
           "upstream refused the subscriber's key: ending the account's streams",
@@ -442,8 +442,7 @@ public actor UpstreamWorker {
       logger.error("upstream refused the API key", metadata: ["error": error.description])
     }
     let drawn = backoff.nextDelay(using: &random)
-    // A server-given delay (Retry-After, a recipe's `after`) is honoured as given, within a bound.
-    let delay = error.retryAfter.map { min(max($0, 0), UpstreamError.maxRetryAfter) } ?? drawn
+    let delay = Backoff.wait(drawn: drawn, serverAsked: error.retryAfter, floor: settings.minPollInterval)
     statistics.backoffAttempt = backoff.attempt
     statistics.nextRetryDelay = delay
     logger.warning(

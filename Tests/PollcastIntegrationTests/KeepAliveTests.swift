@@ -3,49 +3,12 @@ import Testing
 
 @testable import PollcastCore
 
-/// An actor on the client's loop, from which `send` may be called.
-private actor KeptClientDriver {
-  let loop: EventLoop
-  let client: UpstreamClient
-  nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
-
-  init(loop: EventLoop, client: UpstreamClient) {
-    self.loop = loop
-    self.client = client
-  }
-
-  func send(_ request: UpstreamRequest) async -> Result<UpstreamResponse, UpstreamError> {
-    do {
-      return .success(try await client.send(request))
-    } catch {
-      return .failure(error)
-    }
-  }
-
-  func kept() -> Int { client.keptAliveRequests }
-  func inFlight() -> Int { client.inFlight }
-  func learned() -> [String] { client.transport.addresses.entries.map(\.address) }
-  func learn(_ address: String, for name: String, port: Int) {
-    client.transport.addresses.entries = [
-      LearnedAddress(name: name, port: UInt16(port), address: address, at: MonotonicClock.seconds())
-    ]
-  }
-  func setAddressLifetime(_ seconds: Double) { client.transport.addresses.lifetime = seconds }
-}
-
 /// Plain-HTTP requests to an IP address go over one kept-alive connection per upstream client (libevent's HTTP
 /// client), the rest through libcurl. These pin what a legacy API sees on the wire and every way an answer can go
 /// wrong, against a loopback server that records each request and connection.
 @Suite(.serialized, .timeLimit(.minutes(3))) struct KeepAliveTests {
   private func driver(maxBody: Int = 16 << 20) async throws -> KeptClientDriver {
-    let loop = try EventLoop()
-    loop.start()
-    let transport = try await loop.submit { () throws(UpstreamError) -> CurlTransport in
-      let transport = try CurlTransport(loop: loop)
-      transport.maxBodyBytes = maxBody
-      return transport
-    }
-    return KeptClientDriver(loop: loop, client: UpstreamClient(transport: transport, interceptors: []))
+    try await KeptClientDriver.make(maxBody: maxBody)
   }
 
   @Test func requestsToAnAddressShareOneConnectionAndSayExactlyWhatWasAsked() async throws {

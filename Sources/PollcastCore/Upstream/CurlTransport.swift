@@ -35,6 +35,15 @@ public final class CurlTransport: @unchecked Sendable {
   public var receiveBufferBytes: Int?
   private static let globalInit: Void = { curl_global_init(Int(CURL_GLOBAL_DEFAULT)) }()
 
+  /// A timeout in seconds as libcurl's whole milliseconds: at least 1 (0 would mean none), at most about 31 years,
+  /// NaN as 1. A request's timeout comes from configuration and recipes, and a `Double` past `Int.max` traps when
+  /// converted.
+  static func milliseconds(_ seconds: Double) -> Int {
+    let millis = seconds * 1000
+    guard !millis.isNaN else { return 1 }
+    return Int(min(max(millis, 1), 1e12))
+  }
+
   /// Transfers currently in progress.
   public var inFlight: Int { transfers.count }
 
@@ -266,9 +275,10 @@ private final class Transfer {
     try CurlCall.check(pollcast_easy_setopt_string(easy, CURLOPT_URL, request.url), "CURLOPT_URL")
     try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_NOSIGNAL, 1), "CURLOPT_NOSIGNAL")
     try CurlCall.check(
-      pollcast_easy_setopt_long(easy, CURLOPT_TIMEOUT_MS, max(1, Int(request.timeout * 1000))), "CURLOPT_TIMEOUT_MS")
+      pollcast_easy_setopt_long(easy, CURLOPT_TIMEOUT_MS, CurlTransport.milliseconds(request.timeout)),
+      "CURLOPT_TIMEOUT_MS")
     try CurlCall.check(
-      pollcast_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, max(1, Int(request.connectTimeout * 1000))),
+      pollcast_easy_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, CurlTransport.milliseconds(request.connectTimeout)),
       "CURLOPT_CONNECTTIMEOUT_MS")
     try CurlCall.check(pollcast_easy_setopt_long(easy, CURLOPT_TCP_KEEPALIVE, 1), "CURLOPT_TCP_KEEPALIVE")
     if request.closesConnection {
@@ -343,6 +353,12 @@ private final class Transfer {
     } catch {
       return .failure(error)
     }
+    if hasConflictingLength() {
+      return .failure(
+        UpstreamError(
+          .transport, "request failed",
+          cause: "the answer has conflicting Content-Length or Transfer-Encoding fields"))
+    }
     var peer: UnsafeMutablePointer<CChar>?
     let peerAddress =
       pollcast_easy_getinfo_string(easy, CURLINFO_PRIMARY_IP, &peer) == CURLE_OK
@@ -351,6 +367,29 @@ private final class Transfer {
       UpstreamResponse(
         status: status, body: body, duration: duration, headers: wantedHeaders.map(receivedHeaders) ?? [],
         peerAddress: peerAddress?.isEmpty == false ? peerAddress : nil))
+  }
+
+  /// Two `Content-Length` fields that differ, or one beside `Transfer-Encoding`, in the final answer: libcurl takes
+  /// the last length, a server or proxy may have meant the first, so the answer is refused as the kept connection
+  /// refuses it.
+  private func hasConflictingLength() -> Bool {
+    var first: UnsafeMutablePointer<curl_header>?
+    guard curl_easy_header(easy, "Content-Length", 0, UInt32(CURLH_HEADER), -1, &first) == CURLHE_OK, let first else {
+      return false
+    }
+    var chunked: UnsafeMutablePointer<curl_header>?
+    if curl_easy_header(easy, "Transfer-Encoding", 0, UInt32(CURLH_HEADER), -1, &chunked) == CURLHE_OK {
+      return true
+    }
+    let value = first.pointee.value.map { String(cString: $0) }
+    for index in 1..<max(1, first.pointee.amount) {
+      var other: UnsafeMutablePointer<curl_header>?
+      guard curl_easy_header(easy, "Content-Length", index, UInt32(CURLH_HEADER), -1, &other) == CURLHE_OK else {
+        continue
+      }
+      if other?.pointee.value.map({ String(cString: $0) }) != value { return true }
+    }
+    return false
   }
 
   /// The final answer's header fields (only `names`, or all when it is empty), read with libcurl's header API (no

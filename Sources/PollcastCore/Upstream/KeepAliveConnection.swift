@@ -83,6 +83,64 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
     static func == (a: Target, b: Target) -> Bool { a.host == b.host && a.port == b.port }
   }
 
+  /// Why the last answer's framing cannot be trusted (an interim 1xx answer, bytes past its end, two differing
+  /// `Content-Length` fields), or nil. The connection is then never used again: the next request gets a fresh one,
+  /// and `UpstreamClient` sends its later requests through libcurl, which skips interim answers and drops excess
+  /// bytes itself.
+  private(set) var misframed: String?
+
+  /// True when the socket holds bytes nobody asked for: an idle connection's input is always empty (evhttp resets
+  /// a connection that receives bytes while idle), so whatever is there is a server's excess or a forged answer.
+  private static func holdsUnaskedBytes(_ connection: OpaquePointer) -> Bool {
+    guard let event = evhttp_connection_get_bufferevent(connection), let input = bufferevent_get_input(event) else {
+      return false
+    }
+    return evbuffer_get_length(input) > 0
+  }
+
+  /// Checks an answer's framing as it completes, in its callback: bytes past the answer are drained (never read as
+  /// the next request's answer) and, with an interim answer or conflicting lengths, the answer is refused. Returns
+  /// why the answer must be refused, or nil; `misframed` says why the connection is not used again.
+  fileprivate func checkFraming(_ raw: OpaquePointer) -> String? {
+    var refusal: String?
+    let status = Int(evhttp_request_get_response_code(raw))
+    if (100...199).contains(status) {
+      refusal = "the upstream sent an interim \(status) answer, which this client does not skip"
+    } else if let headers = evhttp_request_get_input_headers(raw), Self.hasConflictingLength(headers) {
+      refusal = "the answer has conflicting Content-Length or Transfer-Encoding fields"
+    }
+    if let connection, let event = evhttp_connection_get_bufferevent(connection),
+      let input = bufferevent_get_input(event), evbuffer_get_length(input) > 0
+    {
+      evbuffer_drain(input, evbuffer_get_length(input))
+      misframed = refusal ?? "the upstream sent bytes past the end of its answer"
+    }
+    if let refusal { misframed = refusal }
+    return refusal
+  }
+
+  /// Two `Content-Length` fields that differ, or one beside `Transfer-Encoding`: which one frames the body is
+  /// ambiguous (request smuggling's classic), so the answer is not trusted.
+  private static func hasConflictingLength(_ headers: UnsafeMutablePointer<evkeyvalq>) -> Bool {
+    var length: String?
+    var chunked = false
+    var field = pollcast_evkeyvalq_first(headers)
+    while let current = field {
+      if let key = current.pointee.key, let value = current.pointee.value {
+        let name = String(cString: key)
+        if name.caseInsensitiveEquals("Content-Length") {
+          let text = String(cString: value)
+          if let length, length != text { return true }
+          length = text
+        } else if name.caseInsensitiveEquals("Transfer-Encoding") {
+          chunked = true
+        }
+      }
+      field = pollcast_evkeyval_next(current)
+    }
+    return chunked && length != nil
+  }
+
   /// True while a request is in flight on this connection (a second one goes through libcurl meanwhile).
   var busy: Bool { current != nil }
 
@@ -290,9 +348,12 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
         .failure(UpstreamError(.transport, "method \(request.method) is not carried by the kept connection")))
       return
     }
-    if connectedTarget != target, let old = connection {
-      evhttp_connection_free(old)  // idle (no exchange in flight): frees nothing else
+    if let old = connection, connectedTarget != target || misframed != nil || Self.holdsUnaskedBytes(old) {
+      // Another target, or a connection whose framing cannot be trusted (bytes the server sent beyond an answer, or
+      // before this request was sent): idle (no exchange in flight), so this frees nothing else.
+      evhttp_connection_free(old)
       connection = nil
+      misframed = nil
     }
     if connection == nil {
       guard let made = evhttp_connection_base_new(loop.base, nil, target.host, target.port) else {
@@ -603,6 +664,8 @@ class PendingExchange: @unchecked Sendable {  // loop-confined
   fileprivate var retried = false
   /// Ended before a connection was made (refused, unreachable, the connect deadline passed): nothing was sent.
   fileprivate var failedBeforeConnecting = false
+  /// Refused for its framing (`KeepAliveConnection.checkFraming`): no part of the answer was used.
+  var misframed = false
 
   init(_ request: UpstreamRequest) { self.request = request }
 
@@ -650,6 +713,11 @@ private let keepAliveRequestDone: @convention(c) (OpaquePointer?, UnsafeMutableR
   exchange.raw = nil
   // Closed before any answer on a kept socket: once more on a fresh one (libevent has reset the connection).
   if raw == nil, exchange.errorCode == EVREQ_HTTP_EOF, owner.retryOnFreshConnection(exchange) { return }
+  if let raw, let refusal = owner.checkFraming(raw) {
+    exchange.misframed = true
+    owner.finish(exchange, .failure(UpstreamError(.transport, "request failed", cause: refusal)))
+    return
+  }
   owner.finish(exchange, exchange.verdict(raw, maxBody: owner.maxBodyBytes))
 }
 

@@ -263,10 +263,24 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   private func keptEnded(_ exchange: Exchange, on connection: KeepAliveConnection) {
     // `perform` returns with an outcome; were one missing, the request is not sent again.
     if exchange.outcome == nil { exchange.outcome = .failure(UpstreamError(.cancelled, "cancelled")) }
+    if let reason = connection.misframed {
+      // A server whose framing this client cannot follow: libcurl carries every later request of this client.
+      keptRefusedBecause = reason
+      // An answer refused for its framing was not used: an idempotent request goes again through libcurl at once.
+      if exchange.misframed, Self.idempotent.contains(exchange.prepared.method) {
+        exchange.outcome = nil
+        return
+      }
+    }
     guard case .failure(let error) = exchange.outcome, reroutes(error, on: connection) else { return }
     exchange.outcome = nil
     exchange.closesConnection = true
   }
+
+  private static let idempotent: Set<String> = ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]
+
+  /// Why the kept connection is no longer used by this client (its server's framing could not be trusted), or nil.
+  public private(set) var keptRefusedBecause: String?
 
   /// The request through libcurl; an address it reached a name at is learned. In a function of its own, so that its
   /// frame is made only when libcurl carries a request.
@@ -297,7 +311,8 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   /// account keeps `send`'s frame while its poll hangs.
   @inline(never)
   private func keptRoute(_ request: UpstreamRequest, _ exchange: Exchange) -> KeepAliveConnection? {
-    guard keptConnection?.busy != true, let parsed = KeepAliveConnection.target(for: request, after: lastTarget)
+    guard keptConnection?.busy != true, keptRefusedBecause == nil,
+      let parsed = KeepAliveConnection.target(for: request, after: lastTarget)
     else { return nil }
     // Kept without its path, which would hold the whole previous URL.
     lastTarget = parsed

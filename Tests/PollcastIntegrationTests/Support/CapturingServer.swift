@@ -23,6 +23,9 @@ final class CapturingServer: @unchecked Sendable {  // state behind `lock`; the 
   /// Answers a request with these exact bytes instead (a chunked body, a broken head, …), closing the connection
   /// after them when `close` is set.
   let rawRespond: (@Sendable (Int, Request) -> (bytes: String, close: Bool))?
+  /// Bytes sent on the connection 200 ms after request N was answered, unasked (a forged answer waiting for the
+  /// client's next request), or nil.
+  let unsolicited: (@Sendable (Int) -> String?)?
   private var accepted = 0
 
   var port: Int { socket.port }
@@ -31,13 +34,15 @@ final class CapturingServer: @unchecked Sendable {  // state behind `lock`; the 
   init(
     status: Int = 401, body: String = "{\"error\":\"no\"}",
     respond: (@Sendable (Int, Request) -> (Int, String))? = nil,
-    rawRespond: (@Sendable (Int, Request) -> (bytes: String, close: Bool))? = nil
+    rawRespond: (@Sendable (Int, Request) -> (bytes: String, close: Bool))? = nil,
+    unsolicited: (@Sendable (Int) -> String?)? = nil
   ) throws {
     socket = try ListeningSocket.bind(host: "127.0.0.1", port: 0, backlog: 16)
     self.status = status
     self.body = body
     self.respond = respond
     self.rawRespond = rawRespond
+    self.unsolicited = unsolicited
     let flags = fcntl(socket.fd, F_GETFL)
     _ = fcntl(socket.fd, F_SETFL, flags & ~O_NONBLOCK)
     let thread = Thread { [self] in acceptLoop() }
@@ -89,6 +94,12 @@ final class CapturingServer: @unchecked Sendable {  // state behind `lock`; the 
         if let (bytes, close) = rawRespond?(number, request) {
           _ = bytes.utf8CString.withUnsafeBufferPointer { send(fd, $0.baseAddress, $0.count - 1, Int32(MSG_NOSIGNAL)) }
           if close { break serving }
+          if let later = unsolicited?(number) {
+            usleep(200_000)
+            _ = later.utf8CString.withUnsafeBufferPointer {
+              send(fd, $0.baseAddress, $0.count - 1, Int32(MSG_NOSIGNAL))
+            }
+          }
           continue
         }
         let (status, body) = respond?(number, request) ?? (self.status, self.body)

@@ -25,6 +25,13 @@ import Testing
     ("header, folded line", "GET /events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-1000\r\n X-Evil: 1\r\n\r\n"),
     ("header, inner space", "GET /events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key 1000\r\n\r\n"),
     ("header, DEL", "GET /events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key\u{7F}1000\r\n\r\n"),
+    // evhttp reads header lines as C strings: without the guard, the key before the NUL was used and sent upstream.
+    ("header, raw NUL", "GET /events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-1000\u{0}X\r\n\r\n"),
+    ("cookie, raw NUL", "GET /events HTTP/1.1\r\nHost: x\r\nCookie: pollcast_token=key-1000\u{0}X\r\n\r\n"),
+    (
+      "other header, raw ESC",
+      "GET /events HTTP/1.1\r\nHost: x\r\nLast-Event-ID: 5\u{1B}[2J\r\nAuthorization: Bearer key-1000\r\n\r\n"
+    ),
     ("query, CR LF", "GET /events?access_token=k%0D%0AX-Evil:%201 HTTP/1.1\r\nHost: x\r\n\r\n"),
     ("query, NUL", "GET /events?access_token=key-1000%00x HTTP/1.1\r\nHost: x\r\n\r\n"),
     ("query, plus as space", "GET /events?access_token=key+1000%20x HTTP/1.1\r\nHost: x\r\n\r\n"),

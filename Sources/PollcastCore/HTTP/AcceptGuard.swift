@@ -102,6 +102,7 @@ public final class AcceptGuard {
     loop.assertOnLoop()
     guard let bufferevent = bufferevent_socket_new(base, -1, Int32(BEV_OPT_CLOSE_ON_FREE.rawValue)) else { return nil }
     bufferevent_incref(bufferevent)
+    NulByteGuard.watch(bufferevent)
     awaitingRequest[bufferevent] = .waiting(since: MonotonicClock.seconds())
     return bufferevent
   }

@@ -96,6 +96,28 @@ public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used 
     return nil
   }
 
+  /// Why a header value cannot be trusted, if one cannot: a control byte other than HTAB (RFC 9110 §5.5). Such a
+  /// request is refused before any header is used (a key, a resume id, an origin).
+  public var headerValueProblem: String? {
+    guard let headers = evhttp_request_get_input_headers(raw) else { return nil }
+    var entry = pollcast_evkeyvalq_first(headers)
+    while let current = entry {
+      if let value = current.pointee.value {
+        var byte = value
+        while byte.pointee != 0 {
+          let code = UInt8(bitPattern: byte.pointee)
+          if (code < 0x20 && code != 0x09) || code == 0x7F {
+            let name = current.pointee.key.map { String(cString: $0) } ?? "?"
+            return "the value of \(JSONText.quoted(String(name.prefix(40)))) holds a control byte"
+          }
+          byte += 1
+        }
+      }
+      entry = pollcast_evkeyval_next(current)
+    }
+    return nil
+  }
+
   public func header(_ name: String) -> String? {
     guard let headers = evhttp_request_get_input_headers(raw), let value = evhttp_find_header(headers, name) else {
       return nil

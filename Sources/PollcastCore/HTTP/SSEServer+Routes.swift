@@ -37,6 +37,11 @@ extension SSEServer {
         headers: [("Connection", "close")])
       return
     }
+    if let problem = request.headerValueProblem {
+      request.respondError(
+        status: 400, reason: "Bad Request", message: "malformed header: \(problem)", headers: [("Connection", "close")])
+      return
+    }
     guard let path = request.path else {
       request.respondError(
         status: 400, reason: "Bad Request", message: "malformed request target", headers: [("Connection", "close")])

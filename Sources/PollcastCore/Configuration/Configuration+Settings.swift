@@ -179,6 +179,9 @@ extension Configuration {
     .int(
       "upstream.max_body_bytes", \.upstream.maxBodyBytes,
       "Largest upstream response accepted (decoded off the loop, relayed in slices)."),
+    .list(
+      "upstream.allowed_hosts", \.upstream.allowedHosts,
+      "Hosts (host or host:port) a recipe's URL taken from an answer may name, beside those the recipe writes."),
     .string(
       "generic.url_template", \.generic.urlTemplate, "Poll URL with {cursor} (last id seen) and {next} (last id + 1)."),
     .string(

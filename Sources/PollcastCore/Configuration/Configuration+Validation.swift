@@ -118,13 +118,15 @@ extension Configuration {
       let context = Recipe.Context(
         environment: environment, hasCredential: authMode == .upstream || !upstream.apiKey.isEmpty)
       switch Recipe.parse(loaded.text, context: context) {
-      case .success(let recipe):
+      case .success(var recipe):
+        recipe.configuredHosts = upstream.allowedHosts
         loaded.recipe = recipe
         if authMode == .upstream && !recipe.usesCredential {
           loaded.problems.append(
             "recipe: auth.mode upstream needs the subscriber's key in a request: put {credential} in a header"
               + " (\"Authorization\": \"Bearer {credential}\"), the query or the URL")
         }
+        if authMode == .upstream, let problem = recipe.userBindingProblem { loaded.problems.append(problem) }
       case .failure(let error): loaded.problems = error.problems
       }
     }
@@ -194,6 +196,9 @@ extension Configuration {
       problems.append("upstream.backoff_base_seconds: must not exceed upstream.backoff_cap_seconds")
     }
     if upstream.maxBodyBytes <= 0 { problems.append("upstream.max_body_bytes: must be greater than 0") }
+    for entry in upstream.allowedHosts {
+      if let problem = AllowedHosts.problem(inEntry: entry) { problems.append("upstream.allowed_hosts: \(problem)") }
+    }
     return problems
   }
 

@@ -107,6 +107,8 @@ public struct Configuration: Codable, Sendable, Equatable {
     public var resyncIntervalSeconds = 60.0
     public var minPollIntervalSeconds = 1.0
     public var maxBodyBytes = 8 << 20
+    /// Hosts beyond those the recipe writes that a URL from an answer may name.
+    public var allowedHosts: [String] = []
     /// Per-user relaying: accounts polling at once, accounts kept for resumes, ring bytes over all accounts.
     public var maxAccounts = 10_000
     public var maxRetainedAccounts = 50_000
@@ -130,6 +132,7 @@ public struct Configuration: Codable, Sendable, Equatable {
       case resyncIntervalSeconds = "resync_interval_seconds"
       case minPollIntervalSeconds = "min_poll_interval_seconds"
       case maxBodyBytes = "max_body_bytes"
+      case allowedHosts = "allowed_hosts"
     }
   }
 

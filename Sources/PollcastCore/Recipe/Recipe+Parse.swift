@@ -204,6 +204,11 @@ struct RecipeReader {
     var rules: [Recipe.Rule] = []
     if let rulesValue = top["rules"] {
       if case .array(let items) = rulesValue {
+        if items.count > RecipeReader.maxRules {
+          problem(
+            "recipe.rules", "\(items.count) rules: at most \(RecipeReader.maxRules) (every answer is read against them)"
+          )
+        }
         for (index, item) in items.enumerated() {
           if let rule = self.rule(
             item, "recipe.rules[\(index)]", hasSession: !session.isEmpty, hasFetch: hasFetch, hasSync: sync != nil)
@@ -242,7 +247,27 @@ struct RecipeReader {
     }
     recipe.environmentNames = names
     checkPlaceholders(recipe)
+    checkURLStarts(recipe)
     return recipe
+  }
+
+  /// A URL that starts with a var (known at load, `{base}`) must start with `http://` or `https://` once the var is
+  /// in place: an empty or schemeless base would otherwise load and fail on every request.
+  mutating func checkURLStarts(_ recipe: Recipe) {
+    var steps = recipe.session.enumerated().map { ("recipe.session[\($0.offset)]", $0.element) }
+    steps.append(("recipe.poll", recipe.poll))
+    if let fetch = recipe.fetch { steps.append(("recipe.fetch", fetch)) }
+    if let sync = recipe.sync { steps.append(("recipe.sync", sync.step)) }
+    for (path, step) in steps {
+      guard case .placeholder(.name(let name))? = step.url.parts.first, let value = recipe.vars[name] else { continue }
+      var scope = RecipeScope()
+      scope.vars = recipe.vars
+      let start = ((try? step.url.renderKnown(scope)) ?? "").lowercased()
+      if !(start.hasPrefix("http://") || start.hasPrefix("https://")) {
+        let shown = recipe.environmentVars.contains(name) ? "from the environment" : Setting.shown(value.text)
+        problem("\(path).url", "{\(name)} (\(shown)) does not make an http:// or https:// URL")
+      }
+    }
   }
 
   /// Every placeholder must be filled by something defined before it is used.
@@ -366,6 +391,9 @@ struct RecipeReader {
 
   // MARK: Steps
 
+  /// Rules a recipe may have: each is tried on every answer, and one with a `*` condition walks the answer again.
+  static let maxRules = 100
+
   static let stepKeys: Set<String> = ["method", "url", "query", "headers", "json", "form", "timeout", "extract"]
 
   mutating func step(_ value: JSONValue, _ path: String, label: String, events: Bool) -> (
@@ -380,6 +408,7 @@ struct RecipeReader {
       if members["url"] == nil { problem("\(path).url", "required") }
       return nil
     }
+    if url.parts.isEmpty { problem("\(path).url", "empty: a step needs the URL it asks") }
     let literalStart = url.parts.first.flatMap { if case .literal(let text) = $0 { text } else { nil } } ?? ""
     if url.parts.first.map({ if case .literal = $0 { true } else { false } }) == true
       && !(literalStart.hasPrefix("http://") || literalStart.hasPrefix("https://"))

@@ -323,6 +323,7 @@ extension RecipeReader {
           "\(Setting.shown(text)) is not one of \(Recipe.Action.allCases.map(\.rawValue).joined(separator: ", "))")
       }
     case .array(let list)?:
+      if list.isEmpty { problem("\(path).do", "an empty list does nothing: name at least one action") }
       for (index, item) in list.enumerated() {
         if case .string(let text) = item, let action = Recipe.Action(rawValue: text) {
           actions.append(action)

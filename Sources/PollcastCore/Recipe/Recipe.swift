@@ -53,6 +53,8 @@ public struct Recipe: Sendable {
 
   /// Vars the environment fills (secrets unless they are URLs; a fallback written in the recipe is not a secret).
   public var environmentVars: Set<String> = []
+  /// `upstream.allowed_hosts`: hosts beyond those the recipe writes that an answer may send its polls to.
+  public var configuredHosts: [String] = []
   /// Every environment variable the recipe reads.
   public var environmentNames: Set<String> = []
 
@@ -191,10 +193,14 @@ public struct Recipe: Sendable {
     }
   }
 
-  /// The poll URL with the vars in place and other placeholders as written: what identifies the API in a store.
+  /// The poll URL with the vars in place and other placeholders as written: what identifies the API in a store. A
+  /// var read from the environment that is a secret (`RecipeScope.isSecretValue`: not a URL) stays as written
+  /// (`{token}`): the identity is written to the store, printed in errors and served by `/readyz`.
   public var identityURL: String {
     var scope = RecipeScope()
-    scope.vars = vars
+    scope.vars = vars.filter { name, value in
+      !environmentVars.contains(name) || !RecipeScope.isSecretValue(value.text)
+    }
     return poll.url.parts.map { part in
       switch part {
       case .literal(let text): text

@@ -238,8 +238,10 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
         status: response.status, headers: response.headers, text: text, json: json, recipe: storage.recipe,
         scope: scope, streams: streams)
     }
-    if RecipeAnswer.decodesHere(response) { return try RecipeAnswer.decodeHere(response.body, interpret).get() }
-    return try await RecipeAnswer.decode(response, interpret).get()
+    if RecipeAnswer.decodesHere(response, weight: storage.readingWeight) {
+      return try RecipeAnswer.decodeHere(response.body, interpret).get()
+    }
+    return try await RecipeAnswer.decode(response, weight: storage.readingWeight, interpret).get()
   }
 
   enum StepName {
@@ -259,7 +261,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       let request = try RecipeRequest.build(
         sync.step, current, vars: storage.varNames, headerNames: storage.headerNames,
         timeout: min(sync.step.timeout ?? requestTimeout, timeoutCap ?? .infinity), connectTimeout: connectTimeout,
-        label: "sync")
+        label: "sync", hosts: storage.allowedHosts)
       return (request, current)
     case .session(let index, let values):
       let step = recipe.session[index]
@@ -269,7 +271,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
       let request = try RecipeRequest.build(
         step, building, vars: storage.varNames, headerNames: storage.headerNames,
         timeout: min(step.timeout ?? requestTimeout, timeoutCap ?? .infinity), connectTimeout: connectTimeout,
-        label: "session")
+        label: "session", hosts: storage.allowedHosts)
       return (request, building)
     }
   }
@@ -292,8 +294,9 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
           path: "recipe.session[\(index)]")
       }
       let outcome =
-        RecipeAnswer.decodesHere(response)
-        ? RecipeAnswer.decodeHere(response.body, interpret) : await RecipeAnswer.decode(response, interpret)
+        RecipeAnswer.decodesHere(response, weight: storage.readingWeight)
+        ? RecipeAnswer.decodeHere(response.body, interpret)
+        : await RecipeAnswer.decode(response, weight: storage.readingWeight, interpret)
       lastRule = outcome.rule
       values.merge(try outcome.values.get()) { _, new in new }
     }
@@ -387,7 +390,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     let request = try RecipeRequest.build(
       storage.recipe.poll, current, vars: storage.varNames, headerNames: storage.headerNames,
       timeout: min(storage.recipe.poll.timeout ?? pollTimeout, timeoutCap ?? .infinity),
-      connectTimeout: connectTimeout, label: "poll", prefix: pollPrefix)
+      connectTimeout: connectTimeout, label: "poll", prefix: pollPrefix, hosts: storage.allowedHosts)
     return PollPlan(request: request, scope: current, reset: reset, resetToken: resetToken, cursor: cursor)
   }
 
@@ -420,7 +423,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   @inline(never)
   private func readHere(_ plan: PollPlan) throws(UpstreamError) -> ReadHere {
     let response = try plan.response()
-    guard RecipeAnswer.decodesHere(response) else { return .decodeApart }
+    guard RecipeAnswer.decodesHere(response, weight: storage.readingWeight) else { return .decodeApart }
     let verdict = RecipeAnswer.decodeHere(response.body, interpreter(response, plan))
     lastRule = verdict.rule
     guard case .fetch = verdict.action else { return .answer(try finish(verdict.action, keys: verdict.keys, plan)) }
@@ -446,7 +449,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     _ plan: PollPlan, _ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     let response = try plan.response()
-    let verdict = await RecipeAnswer.decode(response, interpreter(response, plan))
+    let verdict = await RecipeAnswer.decode(response, weight: storage.readingWeight, interpreter(response, plan))
     lastRule = verdict.rule
     guard case .fetch = verdict.action else { return try finish(verdict.action, keys: verdict.keys, plan) }
     return try await fetchThenFinish(client, plan, after: verdict.after)
@@ -498,7 +501,9 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// Fetches after a poll that said there is news: the fetch step from the poll's cursor, again from each answer's
   /// cursor while `fetch.repeat_while` holds (at most `maxFetchPages` times; the next poll goes on from there). The
   /// pages' events make one answer, stored in one commit with the last page's cursor: a crash between pages fetches
-  /// them again, and the dedupe key drops what was relayed.
+  /// them again, and the dedupe key drops what was relayed. The chain also ends once its pages' bodies add up to
+  /// `upstream.max_body_bytes`: an API that always says `has_more` cannot make one commit hold unbounded memory. The
+  /// pages so far are committed with their last cursor, and the next poll goes on from there: nothing is lost.
   @inline(never)
   private func fetchAll(
     _ client: UpstreamClient, from start: RecipeScope, isolation: isolated (any Actor)? = #isolation
@@ -507,15 +512,17 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     var current = start
     var combined = UpstreamPollAnswer(batches: [(recipe.stream, [])])
     var keys: [String?] = []
+    var received = 0
     for _ in 0..<RecipeAdapter.maxFetchPages {
       let request = try RecipeRequest.build(
         fetch, current, vars: storage.varNames, headerNames: storage.headerNames,
         timeout: min(fetch.timeout ?? requestTimeout, timeoutCap ?? .infinity), connectTimeout: connectTimeout,
-        label: "fetch")
+        label: "fetch", hosts: storage.allowedHosts)
       let response = try await client.send(request)
+      received += response.body.count
       let storage = self.storage
       let sent = current
-      let verdict = await RecipeAnswer.decode(response) { text, json in
+      let verdict = await RecipeAnswer.decode(response, weight: storage.readingWeight) { text, json in
         RecipeAnswer.interpretPoll(
           status: response.status, headers: response.headers, text: text, json: json, recipe: storage.recipe,
           scope: sent, step: "fetch")
@@ -531,6 +538,10 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
         current.token = token
       }
       guard verdict.more else { break }
+      if received >= client.transport.maxBodyBytes {
+        combined.fetchCut = true
+        break
+      }
     }
     return (.answer(combined), keys)
   }
@@ -566,11 +577,20 @@ public final class RecipeStorage: Sendable {
   /// every account's scope shares this set.
   let secretNames: Set<String>
 
+  /// How many passes over an answer reading it may take: one, plus one for every rule condition with a `*` (each
+  /// walks every element). `RecipeAnswer.decodesHere` reads an answer on the loop only while its size times this
+  /// stays small, so no recipe makes the loop walk a large answer a thousand times.
+  let readingWeight: Int
+  /// Where requests whose URL an answer chose may go.
+  let allowedHosts: AllowedHosts
+
   public init(_ recipe: Recipe) {
     self.recipe = recipe
     headerNames = recipe.headerNames
     varNames = recipe.varNames
     secretNames = recipe.environmentVars.union(recipe.sessionNames)
+    allowedHosts = recipe.allowedHosts
+    readingWeight = 1 + recipe.rules.reduce(0) { $0 + $1.when.filter { $0.pointer.hasWildcardSegment }.count }
   }
 }
 
@@ -589,10 +609,13 @@ enum RecipeRequest {
   /// whole `Recipe` by value copied it (a retain of each of its members) once a poll.
   static func build(
     _ step: Recipe.Step, _ scope: RecipeScope, vars: Set<String>, headerNames: [String],
-    timeout: Double, connectTimeout: Double, label: String, prefix: Prefix? = nil
+    timeout: Double, connectTimeout: Double, label: String, prefix: Prefix? = nil, hosts: AllowedHosts? = nil
   ) throws(UpstreamError) -> UpstreamRequest {
     var url: String
     if let prefix { url = prefix.url } else { url = try step.url.render(scope, .url, vars: vars) }
+    if let hosts, Recipe.hostMoves(step, vars: vars), let problem = hosts.problem(for: url) {
+      throw UpstreamError(.unsafeRequest, "\(label) request refused: \(problem)")
+    }
     var query: [String] = []
     for (name, template) in prefix?.dynamic ?? step.query {
       if let member = try encodedMember(name, template, scope) { query.append(member) }

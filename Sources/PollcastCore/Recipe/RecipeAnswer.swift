@@ -61,18 +61,19 @@ enum RecipeAnswer {
 
   /// Decodes a body (UTF-8 repair, JSON when it is JSON) and interprets it, off the loop when it is large.
   static func decode<T: Sendable>(
-    _ response: UpstreamResponse, isolation: isolated (any Actor)? = #isolation,
+    _ response: UpstreamResponse, weight: Int, isolation: isolated (any Actor)? = #isolation,
     _ interpret: @escaping @Sendable (RepairedText, RawJSON?) -> T
   ) async -> T {
     let body = response.body
-    return await response.offLoopIfLarge { decodeHere(body, interpret) }
+    return await response.offLoopIfLarge(weight: weight) { decodeHere(body, interpret) }
   }
 
   /// Whether `decode` would run here, on the loop: a caller then calls `decodeHere` and awaits nothing (an async call
   /// costs its frame in the task's memory for as long as the task lives, and per-user relaying has a task per
   /// account).
-  static func decodesHere(_ response: UpstreamResponse) -> Bool {
-    response.body.count <= UpstreamResponse.inlineDecodeLimit
+  /// `weight` is the recipe's `RecipeStorage.readingWeight`: an answer read many times over is read off the loop.
+  static func decodesHere(_ response: UpstreamResponse, weight: Int) -> Bool {
+    response.isSmall(weight: weight)
   }
 
   /// The body decoded (UTF-8 repair, JSON when it is JSON) and interpreted, on this thread.
@@ -119,7 +120,8 @@ enum RecipeAnswer {
   static func integer(_ source: Recipe.Source, _ context: Context, _ what: String) throws(UpstreamError) -> UInt64 {
     guard let value = value(source, context) else { throw UpstreamError(.decoding, "\(what): names nothing") }
     guard let number = UInt64(value.text.trimmingSpacesAndTabs) else {
-      throw UpstreamError(.decoding, "\(what): \"\(value.text.prefix(40))\" is not an unsigned integer")
+      let shown = UpstreamResponse.scrub(value.text, context.scope.redactions ?? context.scope.secrets)
+      throw UpstreamError(.decoding, "\(what): \"\(shown.prefix(40))\" is not an unsigned integer")
     }
     return number
   }
@@ -186,12 +188,6 @@ enum RecipeAnswer {
     }
   }
 
-  /// The first 200 characters of a body for an error's cause, with every secret cut out.
-  static func snippet(_ text: RepairedText, _ scope: RecipeScope) -> String? {
-    let shown = UpstreamResponse.scrub(String(text.text.prefix(200)), scope.redactions ?? scope.secrets)
-    return shown.isEmpty ? nil : shown
-  }
-
   static func retryDefault(status: Int, context: Context) -> Double? {
     guard status == 429 || status == 503, let header = context.header("Retry-After") else { return nil }
     // The worker bounds the delay (`UpstreamError.maxRetryAfter`); a negative number means "now".
@@ -228,8 +224,15 @@ enum RecipeAnswer {
         return SessionOutcome(
           values: .failure(
             UpstreamError(
-              .decoding, "\(path).extract.\(name): the answer has no such value", cause: snippet(text, scope))),
+              .decoding, "\(path).extract.\(name): the answer has no such value", cause: shape(context.json))),
           rule: rule?.path)
+      }
+      // A JSON object or array taken whole may hold the answer's own whitespace; only text is sent back as it is.
+      let container = value.json == value.text && (value.text.hasPrefix("{") || value.text.hasPrefix("["))
+      do throws(UpstreamError) {
+        if !container { try refuseControlBytes(value.text, "\(path).extract.\(name)") }
+      } catch {
+        return SessionOutcome(values: .failure(error), rule: rule?.path)
       }
       values[name] = value
     }
@@ -517,7 +520,11 @@ enum RecipeAnswer {
     var token: String?
     if opaque {
       context.event = elements.last
-      token = nextToken(recipe.cursor, context)
+      do throws(UpstreamError) {
+        token = try nextToken(recipe.cursor, context)
+      } catch {
+        return failed(error)
+      }
       if let token { context.scope.token = token }
     }
     var messages: [UpstreamMessage] = []
@@ -639,14 +646,19 @@ enum RecipeAnswer {
 
   /// An opaque cursor's next text from an answer: one source's value, or the parts as a JSON object (a part the
   /// answer lacks keeps its previous value). Nil when the answer carries none.
-  static func nextToken(_ cursor: Recipe.Cursor, _ context: Context) -> String? {
+  /// A value with a control byte (but HTAB) is a hostile answer: refused here, before it is stored or sent back in a
+  /// header (where the request builder would refuse it on every poll after).
+  static func nextToken(_ cursor: Recipe.Cursor, _ context: Context) throws(UpstreamError) -> String? {
     if cursor.value.count == 1, cursor.value[0].part == nil {
-      return value(cursor.value[0].source, context)?.text
+      let text = value(cursor.value[0].source, context)?.text
+      if let text { try refuseControlBytes(text, "the API's next cursor") }
+      return text
     }
     var parts = context.scope.cursorParts
     var found = false
     for (part, source) in cursor.value {
       guard let part, let text = value(source, context)?.text else { continue }
+      try refuseControlBytes(text, "the API's next cursor's part \(part)")
       parts[part] = text
       found = true
     }

@@ -91,6 +91,9 @@ public struct UpstreamPollAnswer: Sendable, Equatable {
   /// The API asks for this many seconds before the next poll (a recipe's `after` on continue, empty or fetch:
   /// Dropbox's `backoff`).
   public var nextPollAfter: Double?
+  /// A fetch chain ended at its byte bound (`upstream.max_body_bytes`) while the API still had pages: they are
+  /// fetched after the next poll.
+  public var fetchCut = false
 
   public init(batches: [(stream: String, messages: [UpstreamMessage])], rejected: [UpstreamRejection] = []) {
     self.batches = batches
@@ -200,10 +203,17 @@ extension UpstreamResponse {
   /// Runs `work` here (on the loop) for a body up to `inlineDecodeLimit`, on another thread for a larger one: the
   /// one place that rule lives, for the adapters' decoding and the recipes'.
   func offLoopIfLarge<T: Sendable>(
-    isolation: isolated (any Actor)? = #isolation, _ work: @escaping @Sendable () -> T
+    weight: Int = 1, isolation: isolated (any Actor)? = #isolation, _ work: @escaping @Sendable () -> T
   ) async -> T {
-    if body.count <= UpstreamResponse.inlineDecodeLimit { return work() }
+    if isSmall(weight: weight) { return work() }
     return await Task.detached(priority: .userInitiated, operation: work).value
+  }
+
+  /// Whether the body is small enough to be read on the loop when reading costs `weight` passes over it (a recipe's
+  /// conditions with `*` each walk the answer again).
+  func isSmall(weight: Int) -> Bool {
+    let (cost, overflow) = body.count.multipliedReportingOverflow(by: max(1, weight))
+    return !overflow && cost <= UpstreamResponse.inlineDecodeLimit
   }
 
   /// Throws for anything but 200: 401 as an expired session (when `sessionOn401`), the rest as status errors.
@@ -225,11 +235,25 @@ extension UpstreamResponse {
   /// secret-looking query parameters redacted as in a URL.
   static func scrub(_ text: String, _ secrets: [String]) -> String {
     var shown = text
-    for secret in secrets where !secret.isEmpty {
-      shown = shown.replacingEvery(secret, with: "[redacted]")
-      shown = shown.replacingEvery(encodeQueryValue(secret), with: "[redacted]")
+    for form in redactedForms(of: secrets) {
+      shown = shown.replacingEvery(form, with: "[redacted]")
     }
     return shown
+  }
+
+  /// Every spelling of `secrets` that can stand in a text shown: as is, percent-encoded, JSON-escaped (and with `/`
+  /// escaped as `\/`, as some encoders write it), longest first, so that a secret containing another (a key
+  /// `4711.S3CRET` and a user id `4711`) is hidden whole before the shorter one is.
+  static func redactedForms(of secrets: [String]) -> [String] {
+    var forms: Set<String> = []
+    for secret in secrets where !secret.isEmpty {
+      forms.insert(secret)
+      forms.insert(encodeQueryValue(secret))
+      let escaped = String(JSONText.quoted(secret).dropFirst().dropLast())
+      forms.insert(escaped)
+      forms.insert(escaped.replacingEvery("/", with: "\\/"))
+    }
+    return forms.sorted { $0.utf8.count != $1.utf8.count ? $0.utf8.count > $1.utf8.count : $0 < $1 }
   }
 }
 

@@ -363,6 +363,9 @@ public actor UpstreamWorker {
     statistics.pollDurations.record(MonotonicClock.seconds() - (statistics.pollStarted ?? MonotonicClock.seconds()))
     statistics.lastPollCompleted = MonotonicClock.seconds()
     statistics.pollsByOutcome[answer.isEmpty ? "empty" : "messages", default: 0] += 1
+    if answer.fetchCut {
+      logger.debug("fetch pages reached upstream.max_body_bytes: committed, the rest follows the next poll")
+    }
     consecutiveUnauthorized = 0
     backoff.reset()
     statistics.backoffAttempt = 0

@@ -291,3 +291,26 @@ import Testing
     #expect(AllowedHosts.problem(inEntry: "lp.example/path") != nil)
   }
 }
+
+/// A recipe says which answers refuse a key (`refuse_key`): the error is the one a 401 gives a key.
+@Suite struct RefuseKeyRuleTests {
+  @Test func aRuleCanSayThatA404RefusesTheKey() throws {
+    let text = """
+      {"recipe":1,"poll":{"url":"http://127.0.0.1:9/bot{credential}/getUpdates","query":{"offset":"{next}"},
+        "events":{"pointer":"/result","id":{"event":"/update_id"}}},
+       "rules":[{"status":404,"do":"refuse_key"}]}
+      """
+    let recipe = try Recipe.parse(text, context: Recipe.Context(environment: [:], hasCredential: true)).get()
+    let body = #"{"ok":false,"error_code":404}"#
+    let verdict = RecipeAnswer.interpretPoll(
+      status: 404, headers: [], text: RepairedText(Array(body.utf8)), json: try RawJSON.parse(body), recipe: recipe,
+      scope: RecipeScope())
+    guard case .error(let error) = verdict.action else {
+      Issue.record("\(verdict.action)")
+      return
+    }
+    #expect(error.kind == .invalidCredential)
+    #expect(error.refusesKey(stopWhenRefused: false))
+    #expect(verdict.rule == "recipe.rules[0]")
+  }
+}

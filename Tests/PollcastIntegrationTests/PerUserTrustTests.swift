@@ -118,3 +118,44 @@ import Testing
   }
 
 }
+
+/// Made-up keys against an API that refuses them with something else than 401 (a 404, as Telegram answers a
+/// malformed bot token): every failed check counts toward the address's failed-check throttle, so one address
+/// cannot make the relay call the API once per made-up key.
+@Suite(.serialized, .timeLimit(.minutes(2))) struct FailedCheckThrottleTests {
+  @Test func failedChecksCountTowardTheThrottleLikeRefusedOnes() async throws {
+    let capture = try CapturingServer(status: 404, body: "{\"ok\":false,\"error_code\":404}")
+    defer { capture.stop() }
+    let admission = Admission.Limits(maxFailuresPerMinute: 3)
+    try await AccountsHarness.start(admission: admission, fixtureURL: capture.url).run { harness in
+      var statuses: [Int] = []
+      for key in 0..<8 {
+        statuses.append(
+          try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer made-up-\(key)")]).status)
+      }
+      #expect(statuses == [503, 503, 503, 429, 429, 429, 429, 429])
+      #expect(capture.received.count == 3, "\(capture.received.map(\.line))")
+    }
+  }
+
+  /// With no session step a key is admitted until its first poll; an API that refuses it there with a 404 (not a
+  /// 401) ends that account as a refusal, and the refusals throttle the address: made-up keys do not become
+  /// accounts polling forever.
+  @Test func aKeyNothingAcceptedEndsOnAClientErrorOfItsFirstPoll() async throws {
+    let capture = try CapturingServer(status: 404, body: "{\"error\":\"no such bot\"}")
+    defer { capture.stop() }
+    let generic = GenericAdapter.Settings(
+      urlTemplate: "\(capture.url)/bot{credential}/updates?after={cursor}", eventsPointer: "/items", timeout: 3)
+    try await AccountsHarness.start(admission: .init(maxFailuresPerMinute: 2), generic: generic).run { harness in
+      for attempt in 0..<2 {
+        let made = try harness.client("made-up-\(attempt)")
+        try made.waitUntil("credential-revoked") { !$0.events(ofType: "credential-revoked").isEmpty }
+      }
+      let throttled = try httpGet(port: harness.port, "/events", headers: [("Authorization", "Bearer made-up-3")])
+      #expect(throttled.status == 429)
+      try await Task.sleep(for: .seconds(1))
+      // One poll per made-up key, then nothing: no account kept polling.
+      #expect(capture.received.count == 2, "\(capture.received.map(\.line))")
+    }
+  }
+}

@@ -151,11 +151,8 @@ import Testing
   @Test func theRequestBuilderRefusesControlBytesBeforeTheWire() async throws {
     let capture = try CapturingServer(status: 200, body: "{}")
     defer { capture.stop() }
-    let loop = try EventLoop()
-    loop.start()
-    defer { loop.stop() }
-    let transport = try await loop.submit { () throws(UpstreamError) -> CurlTransport in try CurlTransport(loop: loop) }
-    let driver = ClientDriver(loop: loop, client: UpstreamClient(transport: transport, interceptors: []))
+    let driver = try await KeptClientDriver.make()
+    defer { driver.loop.stop() }
     let hostile: [UpstreamRequest] = [
       UpstreamRequest(url: "\(capture.url)/a", headers: [("X-A", "1\r\nX-B: 2")], label: "t"),
       UpstreamRequest(url: "\(capture.url)/a", headers: [("X-A", "1\n")], label: "t"),
@@ -178,25 +175,5 @@ import Testing
     let clean = await driver.send(UpstreamRequest(url: "\(capture.url)/ok", headers: [("X-A", "1\t2")], label: "t"))
     #expect((try? clean.get().status) == 200)
     #expect(capture.received.map(\.line) == ["GET /ok HTTP/1.1"])
-  }
-}
-
-/// An actor on the client's loop, from which `send` may be called.
-private actor ClientDriver {
-  let loop: EventLoop
-  let client: UpstreamClient
-  nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
-
-  init(loop: EventLoop, client: UpstreamClient) {
-    self.loop = loop
-    self.client = client
-  }
-
-  func send(_ request: UpstreamRequest) async -> Result<UpstreamResponse, UpstreamError> {
-    do {
-      return .success(try await client.send(request))
-    } catch {
-      return .failure(error)
-    }
   }
 }

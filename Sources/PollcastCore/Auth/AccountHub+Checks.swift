@@ -196,6 +196,7 @@ extension AccountHub {
       account.worker?.assumeIsolated({ $0.statistics.lastPollCompleted }) == nil
     else { return }
     account.unverifiedFrom = address
+    account.worker?.assumeIsolated { $0.keyUnverified = true }
   }
 
   /// Called (on the loop) with the address that brought a key an API without a session step refused on its first

@@ -241,9 +241,12 @@ public final class AccountAuthenticator: Authenticator {
     case .refused(let reason):
       return .failure(rule.refused(reason, message: "the legacy API does not accept this key"))
     case .unavailable:
-      return .failure(
-        .admission(
-          .upstreamUnavailable, message: "the legacy API could not check the key: retry later", retryBase: 5))
+      var refusal = StreamRefusal.admission(
+        .upstreamUnavailable, message: "the legacy API could not check the key: retry later", retryBase: 5)
+      // A failed check counts like a refused one: an API that answers made-up keys with an error (a 404, a 500)
+      // must not take one upstream call per made-up key from the same address.
+      refusal.throttles = true
+      return .failure(refusal)
     case .full:
       return .failure(FeedHub.noRoom)
     case .busy:

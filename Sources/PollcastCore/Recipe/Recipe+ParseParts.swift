@@ -340,7 +340,7 @@ extension RecipeReader {
     if actions.contains(.fetch) && step != "poll" {
       problem("\(path).do", "fetch follows a poll's answer (step: poll)")
     }
-    let exclusive: [Recipe.Action] = [.continue, .empty, .retry, .fail, .fetch]
+    let exclusive: [Recipe.Action] = [.continue, .empty, .retry, .fail, .fetch, .refuseKey]
     if actions.filter({ exclusive.contains($0) }).count > 1
       || (actions.count > 1 && actions.contains(where: { exclusive.contains($0) }))
     {

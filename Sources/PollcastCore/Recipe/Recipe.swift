@@ -161,6 +161,9 @@ public struct Recipe: Sendable {
 
   public enum Action: String, Sendable, CaseIterable {
     case `continue`, empty, session, reset, retry, fail, fetch
+    /// The answer says the key (the API key, or a subscriber's) is refused: a subscriber gets 401 and its account
+    /// stops, as for a 401 (an API that answers a bad key with 404, as Telegram does for a malformed bot token).
+    case refuseKey = "refuse_key"
   }
 
   public struct Rule: Sendable {

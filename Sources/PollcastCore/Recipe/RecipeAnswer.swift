@@ -212,6 +212,11 @@ enum RecipeAnswer {
     case .retry?:
       return fail("\(path) answered \(status): \(rule!.path) says retry", rule!.after.flatMap { delay($0, context) })
     case .fail?: return fail("\(path) answered \(status): \(rule!.path) says fail", nil)
+    case .refuseKey?:
+      return SessionOutcome(
+        values: .failure(
+          UpstreamError(.invalidCredential, "\(path) answered \(status): \(rule!.path) refuses the key")),
+        rule: rule?.path)
     case .continue?, .empty?: break
     case nil where (200...299).contains(status): break
     case nil: return fail("\(path) answered \(status)", retryDefault(status: status, context: context))
@@ -272,6 +277,8 @@ enum RecipeAnswer {
         "sync answered \(status): \(rule!.path) says retry",
         retry: rule!.after.flatMap { delay($0, context) } ?? retryDefault(status: status, context: context))
     case [.fail]?: return failure("sync answered \(status): \(rule!.path) says fail", retry: nil)
+    case [.refuseKey]?:
+      return .failure(UpstreamError(.invalidCredential, "sync answered \(status): \(rule!.path) refuses the key"))
     default:  // a `*` rule's reset, empty or fetch: they act on a poll's answer
       return failure("sync answered \(status): \(rule!.path) cannot act on a sync step", retry: nil)
     }
@@ -396,6 +403,8 @@ enum RecipeAnswer {
         retry: rule.after.flatMap { delay($0, context) } ?? retryDefault(status: status, context: context))
     case .fail?:
       return failure(.status(status), "\(step) answered \(status): \(rule.path) says fail")
+    case .refuseKey?:
+      return failure(.invalidCredential, "\(step) answered \(status): \(rule.path) refuses the key")
     case .fetch?:
       var verdict = PollVerdict(action: .fetch, rule: rule.path)
       verdict.after = after

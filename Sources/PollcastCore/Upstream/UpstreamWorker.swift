@@ -42,6 +42,10 @@ public actor UpstreamWorker {
   private var lastSync = 0.0
   var logLimiter = LogLimiter()
   private var keyRefused: (@Sendable (UpstreamError) -> Void)?
+  /// The key was admitted without the API accepting it (no session step checks it): until a poll is answered, a
+  /// client error (4xx but 408 and 429) is taken as the key refused, so a made-up key does not stay a polling account
+  /// against an API that refuses keys with 404 or 400.
+  var keyUnverified = false
   public internal(set) var state: State = .stopped
   public internal(set) var statistics = UpstreamStatistics()
   /// The totals its polls in flight are added to as well (an account's loop: `AccountTotals`).
@@ -421,6 +425,14 @@ public actor UpstreamWorker {
     return .poll
   }
 
+  /// Whether `error` refuses a key nothing accepted yet (`keyUnverified`).
+  private func refusesUnverifiedKey(_ error: UpstreamError) -> Bool {
+    guard settings.stopWhenKeyRefused, keyUnverified, statistics.lastPollCompleted == nil,
+      case .status(let code) = error.kind
+    else { return false }
+    return (400...499).contains(code) && code != 408 && code != 429
+  }
+
   /// Counts and logs a failed call (not a cancellation) and decides what follows.
   @inline(never)
   private func failed(_ error: UpstreamError) -> FailureStep {
@@ -433,7 +445,7 @@ public actor UpstreamWorker {
         return .again
       }
     }
-    if error.refusesKey(stopWhenRefused: settings.stopWhenKeyRefused) {
+    if error.refusesKey(stopWhenRefused: settings.stopWhenKeyRefused) || refusesUnverifiedKey(error) {
       if settings.stopWhenKeyRefused {
         logger.warning(
           "upstream refused the subscriber's key: ending the account's streams",

@@ -339,6 +339,28 @@ enum FuzzChecks {
       precondition(OutgoingRequest.problem(inHeaderName: name) == nil)
       precondition(OutgoingRequest.problem(inHeaderValue: headerValue, "v") == nil)
     }
+    // A key placed in a URL path stays in its segment: the path keeps the template's segments, and the key's is
+    // never empty, `.` or `..` (it is refused instead).
+    var scope = RecipeScope()
+    scope.credential = value
+    if let placed = try? RecipeTemplate("http://h/users/{credential}/events?x=1").render(scope, .url) {
+      let path = placed.dropFirst("http://h".count).prefix { $0 != "?" }
+      let segments = path.split(separator: "/", omittingEmptySubsequences: false)
+      precondition(segments.count == 4 && segments[1] == "users" && segments[3] == "events", "left its segment")
+      let own = segments[2].removingPercentEncoding ?? String(segments[2])
+      precondition(!["", ".", ".."].contains(own), "a dot or empty segment: \(placed)")
+    }
+    // Redaction hides a secret in every text, whatever surrounds it.
+    let secret = String(decoding: bytes.dropFirst(8).prefix(12), as: UTF8.self)
+    if !secret.isEmpty, !secret.contains("["), !secret.contains("]"), !"redacted".contains(secret) {
+      let shown = UpstreamResponse.scrub(template, [secret, String(secret.prefix(3))])
+      let hay = Array(shown.utf8)
+      let needle = Array(secret.utf8)
+      let found =
+        hay.count >= needle.count
+        && (0...(hay.count - needle.count)).contains { hay[$0..<$0 + needle.count].elementsEqual(needle) }
+      precondition(!found, "a secret shown")
+    }
   }
 
   static let jwtSettings = JWTSettings(

@@ -188,6 +188,24 @@ import Testing
     #expect(answer.tokens.values.first?.contains("0\\t1") == true)
   }
 
+  @Test func aResetToACursorWithAControlByteIsRefused() throws {
+    let text = """
+      {"recipe":1,"poll":{"url":"http://127.0.0.1:9/sub","headers":{"If-None-Match":"{cursor}"},
+         "events":{"pointer":"","format":"raw"}},
+       "cursor":{"type":"opaque","value":{"header":"Etag"}},
+       "rules":[{"status":409,"do":"reset","to":{"header":"X-Cursor"},"gap":true}]}
+      """
+    let recipe = try Recipe.parse(text, context: Recipe.Context(environment: [:], hasCredential: false)).get()
+    let verdict = RecipeAnswer.interpretPoll(
+      status: 409, headers: [("X-Cursor", "c\u{7F}1")], text: RepairedText([]), json: nil, recipe: recipe,
+      scope: RecipeScope())
+    guard case .error(let error) = verdict.action else {
+      Issue.record("the reset was taken: \(verdict.action)")
+      return
+    }
+    #expect(error.message.contains("control byte"))
+  }
+
   @Test func aSessionTokenWithCRLFFailsTheSessionInsteadOfEveryPollAfter() throws {
     let step = Recipe.Step(
       label: "session", method: "POST", url: RecipeTemplate("http://127.0.0.1:9/s"), query: [], headers: [], body: nil,

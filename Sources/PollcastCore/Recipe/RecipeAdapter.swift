@@ -213,6 +213,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
         guard let text = RecipeAnswer.value(source, context)?.text else {
           throw UpstreamError(.decoding, "recipe.cursor.initial: names nothing")
         }
+        try RecipeAnswer.refuseControlBytes(text, "recipe.cursor.initial")
         initialToken = text
       } else {
         initial[recipe.stream] = try RecipeAnswer.integer(source, context, "recipe.cursor.initial")

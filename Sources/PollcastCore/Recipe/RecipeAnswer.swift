@@ -364,6 +364,9 @@ enum RecipeAnswer {
           guard let text = value(source, context)?.text else {
             return failure(.decoding, "\(rule.path).to: the answer has no value there")
           }
+          if let problem = OutgoingRequest.problem(inHeaderValue: text, "\(rule.path).to") {
+            return failure(.decoding, "answer refused: \(problem)")
+          }
           to = scope.cursor ?? 0
           token = text
         } else {
@@ -384,6 +387,9 @@ enum RecipeAnswer {
         // The API's new cursor text; the relay's own count of events stays where it is.
         guard let source = rule.to, let text = value(source, context)?.text else {
           return failure(.decoding, "\(rule.path).to: the answer has no value there")
+        }
+        if let problem = OutgoingRequest.problem(inHeaderValue: text, "\(rule.path).to") {
+          return failure(.decoding, "answer refused: \(problem)")
         }
         answer.tokens[recipe.stream] = text
         answer.resets = [

@@ -87,7 +87,20 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
   /// `Content-Length` fields), or nil. The connection is then never used again: the next request gets a fresh one,
   /// and `UpstreamClient` sends its later requests through libcurl, which skips interim answers and drops excess
   /// bytes itself.
-  private(set) var misframed: String?
+  private(set) var misframed: Misframing?
+
+  /// What a server did that this client's framing cannot follow. One byte: every account's connection keeps it.
+  enum Misframing: UInt8, Sendable, CustomStringConvertible {
+    case interim, conflictingLength, excessBytes
+
+    var description: String {
+      switch self {
+      case .interim: "the upstream sent an interim 1xx answer, which the kept connection does not skip"
+      case .conflictingLength: "the answer has conflicting Content-Length or Transfer-Encoding fields"
+      case .excessBytes: "the upstream sent bytes past the end of its answer"
+      }
+    }
+  }
 
   /// True when the socket holds bytes nobody asked for: an idle connection's input is always empty (evhttp resets
   /// a connection that receives bytes while idle), so whatever is there is a server's excess or a forged answer.
@@ -101,19 +114,19 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
   /// Checks an answer's framing as it completes, in its callback: bytes past the answer are drained (never read as
   /// the next request's answer) and, with an interim answer or conflicting lengths, the answer is refused. Returns
   /// why the answer must be refused, or nil; `misframed` says why the connection is not used again.
-  fileprivate func checkFraming(_ raw: OpaquePointer) -> String? {
-    var refusal: String?
+  fileprivate func checkFraming(_ raw: OpaquePointer) -> Misframing? {
+    var refusal: Misframing?
     let status = Int(evhttp_request_get_response_code(raw))
     if (100...199).contains(status) {
-      refusal = "the upstream sent an interim \(status) answer, which this client does not skip"
+      refusal = .interim
     } else if let headers = evhttp_request_get_input_headers(raw), Self.hasConflictingLength(headers) {
-      refusal = "the answer has conflicting Content-Length or Transfer-Encoding fields"
+      refusal = .conflictingLength
     }
     if let connection, let event = evhttp_connection_get_bufferevent(connection),
       let input = bufferevent_get_input(event), evbuffer_get_length(input) > 0
     {
       evbuffer_drain(input, evbuffer_get_length(input))
-      misframed = refusal ?? "the upstream sent bytes past the end of its answer"
+      misframed = refusal ?? .excessBytes
     }
     if let refusal { misframed = refusal }
     return refusal
@@ -122,17 +135,16 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
   /// Two `Content-Length` fields that differ, or one beside `Transfer-Encoding`: which one frames the body is
   /// ambiguous (request smuggling's classic), so the answer is not trusted.
   private static func hasConflictingLength(_ headers: UnsafeMutablePointer<evkeyvalq>) -> Bool {
-    var length: String?
+    // C string comparisons: this runs for every answer, and a Swift string per header would allocate each time.
+    var length: UnsafeMutablePointer<CChar>?
     var chunked = false
     var field = pollcast_evkeyvalq_first(headers)
     while let current = field {
       if let key = current.pointee.key, let value = current.pointee.value {
-        let name = String(cString: key)
-        if name.caseInsensitiveEquals("Content-Length") {
-          let text = String(cString: value)
-          if let length, length != text { return true }
-          length = text
-        } else if name.caseInsensitiveEquals("Transfer-Encoding") {
+        if strcasecmp(key, "Content-Length") == 0 {
+          if let length, strcmp(length, value) != 0 { return true }
+          length = value
+        } else if strcasecmp(key, "Transfer-Encoding") == 0 {
           chunked = true
         }
       }
@@ -715,7 +727,7 @@ private let keepAliveRequestDone: @convention(c) (OpaquePointer?, UnsafeMutableR
   if raw == nil, exchange.errorCode == EVREQ_HTTP_EOF, owner.retryOnFreshConnection(exchange) { return }
   if let raw, let refusal = owner.checkFraming(raw) {
     exchange.misframed = true
-    owner.finish(exchange, .failure(UpstreamError(.transport, "request failed", cause: refusal)))
+    owner.finish(exchange, .failure(UpstreamError(.transport, "request failed", cause: refusal.description)))
     return
   }
   owner.finish(exchange, exchange.verdict(raw, maxBody: owner.maxBodyBytes))

@@ -264,8 +264,10 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
     // `perform` returns with an outcome; were one missing, the request is not sent again.
     if exchange.outcome == nil { exchange.outcome = .failure(UpstreamError(.cancelled, "cancelled")) }
     if let reason = connection.misframed {
-      // A server whose framing this client cannot follow: libcurl carries every later request of this client.
+      // A server whose framing this client cannot follow: libcurl carries every later request of this client, and
+      // the kept connection (idle now) is freed with its socket.
       keptRefusedBecause = reason
+      keptConnection = nil
       // An answer refused for its framing was not used: an idempotent request goes again through libcurl at once.
       if exchange.misframed, Self.idempotent.contains(exchange.prepared.method) {
         exchange.outcome = nil
@@ -280,7 +282,7 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   private static let idempotent: Set<String> = ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"]
 
   /// Why the kept connection is no longer used by this client (its server's framing could not be trusted), or nil.
-  public private(set) var keptRefusedBecause: String?
+  var keptRefusedBecause: KeepAliveConnection.Misframing?
 
   /// The request through libcurl; an address it reached a name at is learned. In a function of its own, so that its
   /// frame is made only when libcurl carries a request.

@@ -34,7 +34,7 @@ actor KeptClientDriver {
   }
 
   func kept() -> Int { client.keptAliveRequests }
-  func keptRefusedBecause() -> String? { client.keptRefusedBecause }
+  func keptRefusedBecause() -> String? { client.keptRefusedBecause?.description }
   func inFlight() -> Int { client.inFlight }
   func learned() -> [String] { client.transport.addresses.entries.map(\.address) }
   func learn(_ address: String, for name: String, port: Int) {

@@ -186,17 +186,22 @@ extension AccountHub {
     let outcome = activate(
       key: key, label: identity?.user, streams: identity?.streams ?? adapter.defaultStreams, credential: credential,
       digest: digest, adapter: adapter, client: client, restored: restored)
-    if identity == nil, case .admitted(let account) = outcome { markUnverified(account, from: address) }
+    if identity == nil, case .admitted(let account) = outcome {
+      // Identified by nothing, and the session (if any) not run yet: with `hasSession` already true the adapter has
+      // no session step, so no request has carried the key before its first poll.
+      markUnverified(account, from: address, keyNeverSent: adapter.hasSession)
+    }
     return outcome
   }
 
-  /// Remembers who brought the key of an account whose loop has not completed a poll yet.
-  func markUnverified(_ account: Account, from address: String?) {
+  /// Remembers who brought the key of an account whose loop has not completed a poll yet; `keyNeverSent`: no session
+  /// step sent the key either, so a client error on the first poll refuses it (`UpstreamWorker.keyUnverified`).
+  func markUnverified(_ account: Account, from address: String?, keyNeverSent: Bool = false) {
     guard account.unverifiedFrom == nil,
       account.worker?.assumeIsolated({ $0.statistics.lastPollCompleted }) == nil
     else { return }
     account.unverifiedFrom = address
-    account.worker?.assumeIsolated { $0.keyUnverified = true }
+    if keyNeverSent { account.worker?.assumeIsolated { $0.keyUnverified = true } }
   }
 
   /// Called (on the loop) with the address that brought a key an API without a session step refused on its first

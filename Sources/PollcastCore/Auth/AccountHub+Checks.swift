@@ -153,7 +153,7 @@ extension AccountHub {
       switch error.kind {
       case .cancelled:
         return .unavailable  // every waiter left: nobody is told, and the upstream is not judged by it
-      case .status(401), .status(403), .invalidCredential:
+      case _ where error.refusesKey(stopWhenRefused: true):
         lastReached = MonotonicClock.seconds()
         stats.credentialChecks["refused", default: 0] += 1
         remember(refusal: digest)

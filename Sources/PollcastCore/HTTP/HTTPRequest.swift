@@ -105,8 +105,7 @@ public struct HTTPRequest: @unchecked Sendable {  // a view of a C object, used 
       if let value = current.pointee.value {
         var byte = value
         while byte.pointee != 0 {
-          let code = UInt8(bitPattern: byte.pointee)
-          if (code < 0x20 && code != 0x09) || code == 0x7F {
+          if OutgoingRequest.isControlInFieldValue(UInt8(bitPattern: byte.pointee)) {
             let name = current.pointee.key.map { String(cString: $0) } ?? "?"
             return "the value of \(JSONText.quoted(String(name.prefix(40)))) holds a control byte"
           }

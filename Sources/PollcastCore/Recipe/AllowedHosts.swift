@@ -80,11 +80,8 @@ extension Recipe {
   public var allowedHosts: AllowedHosts {
     var scope = RecipeScope()
     scope.vars = vars
-    var steps = session + [poll]
-    if let fetch { steps.append(fetch) }
-    if let sync { steps.append(sync.step) }
     var entries = configuredHosts
-    for step in steps where !Recipe.hostMoves(step, vars: varNames) {
+    for (_, step) in stepsWithPaths where !Recipe.hostMoves(step, vars: varNames) {
       if let text = try? step.url.renderKnown(scope), let (host, port) = AllowedHosts.authority(of: text) {
         entries.append("\(host):\(port)")
       }

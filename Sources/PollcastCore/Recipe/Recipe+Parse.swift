@@ -240,7 +240,7 @@ struct RecipeReader {
     checkStreams(recipe)
     recipe.environmentVars = environmentVars
     var names = environmentNames
-    for step in session + [pollParsed.step] + (fetchParsed.map { [$0.step] } ?? []) + (sync.map { [$0.step] } ?? []) {
+    for (_, step) in recipe.stepsWithPaths {
       for (_, template) in step.templates("") {
         for case .env(let env, _) in template.placeholders { names.insert(env) }
       }
@@ -254,14 +254,10 @@ struct RecipeReader {
   /// A URL that starts with a var (known at load, `{base}`) must start with `http://` or `https://` once the var is
   /// in place: an empty or schemeless base would otherwise load and fail on every request.
   mutating func checkURLStarts(_ recipe: Recipe) {
-    var steps = recipe.session.enumerated().map { ("recipe.session[\($0.offset)]", $0.element) }
-    steps.append(("recipe.poll", recipe.poll))
-    if let fetch = recipe.fetch { steps.append(("recipe.fetch", fetch)) }
-    if let sync = recipe.sync { steps.append(("recipe.sync", sync.step)) }
-    for (path, step) in steps {
+    var scope = RecipeScope()
+    scope.vars = recipe.vars
+    for (path, step) in recipe.stepsWithPaths {
       guard case .placeholder(.name(let name))? = step.url.parts.first, let value = recipe.vars[name] else { continue }
-      var scope = RecipeScope()
-      scope.vars = recipe.vars
       let start = ((try? step.url.renderKnown(scope)) ?? "").lowercased()
       if !(start.hasPrefix("http://") || start.hasPrefix("https://")) {
         let shown = recipe.environmentVars.contains(name) ? "from the environment" : Setting.shown(value.text)

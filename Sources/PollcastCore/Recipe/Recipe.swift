@@ -186,6 +186,15 @@ public struct Recipe: Sendable {
     public func contains(_ status: Int) -> Bool { ranges.contains { $0.contains(status) } }
   }
 
+  /// Every step with its path in the recipe: the session's in order, the poll, then fetch and sync when present.
+  var stepsWithPaths: [(path: String, step: Step)] {
+    var steps = session.enumerated().map { ("recipe.session[\($0.offset)]", $0.element) }
+    steps.append(("recipe.poll", poll))
+    if let fetch { steps.append(("recipe.fetch", fetch)) }
+    if let sync { steps.append(("recipe.sync", sync.step)) }
+    return steps
+  }
+
   /// Every session step's extracted names, in order.
   var sessionNames: Set<String> { Set(session.flatMap { $0.extract.map(\.0) }) }
 

@@ -4,9 +4,12 @@ extension RecipeAnswer {
   /// Throws when `text`, a value the API gave for the relay to send back, holds a control byte other than HTAB: a
   /// broken or hostile answer, refused before the value is kept, stored or placed in a request. Never shows the value.
   static func refuseControlBytes(_ text: String, _ what: String) throws(UpstreamError) {
-    if let problem = OutgoingRequest.problem(inHeaderValue: text, what) {
-      throw UpstreamError(.decoding, "answer refused: \(problem)")
-    }
+    if let error = controlByteRefusal(text, what) { throw error }
+  }
+
+  /// `refuseControlBytes`'s error, for a caller that returns it rather than throws.
+  static func controlByteRefusal(_ text: String, _ what: String) -> UpstreamError? {
+    OutgoingRequest.problem(inHeaderValue: text, what).map { UpstreamError(.decoding, "answer refused: \($0)") }
   }
 
   /// A session answer's shape for an error's cause: its members' names, never their values (a session answer holds

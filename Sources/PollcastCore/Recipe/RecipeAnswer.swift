@@ -364,8 +364,8 @@ enum RecipeAnswer {
           guard let text = value(source, context)?.text else {
             return failure(.decoding, "\(rule.path).to: the answer has no value there")
           }
-          if let problem = OutgoingRequest.problem(inHeaderValue: text, "\(rule.path).to") {
-            return failure(.decoding, "answer refused: \(problem)")
+          if let error = controlByteRefusal(text, "\(rule.path).to") {
+            return PollVerdict(action: .error(error), rule: rule.path)
           }
           to = scope.cursor ?? 0
           token = text
@@ -388,8 +388,8 @@ enum RecipeAnswer {
         guard let source = rule.to, let text = value(source, context)?.text else {
           return failure(.decoding, "\(rule.path).to: the answer has no value there")
         }
-        if let problem = OutgoingRequest.problem(inHeaderValue: text, "\(rule.path).to") {
-          return failure(.decoding, "answer refused: \(problem)")
+        if let error = controlByteRefusal(text, "\(rule.path).to") {
+          return PollVerdict(action: .error(error), rule: rule.path)
         }
         answer.tokens[recipe.stream] = text
         answer.resets = [

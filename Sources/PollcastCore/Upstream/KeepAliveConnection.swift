@@ -93,6 +93,10 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
   enum Misframing: UInt8, Sendable, CustomStringConvertible {
     case interim, conflictingLength, excessBytes
 
+    /// The answer itself was refused (none of it used); with `excessBytes` only, the answer stood and what followed
+    /// it was dropped.
+    var refusedAnswer: Bool { self != .excessBytes }
+
     var description: String {
       switch self {
       case .interim: "the upstream sent an interim 1xx answer, which the kept connection does not skip"
@@ -126,7 +130,7 @@ final class KeepAliveConnection: LoopPassEndWork, @unchecked Sendable {  // loop
       let input = bufferevent_get_input(event), evbuffer_get_length(input) > 0
     {
       evbuffer_drain(input, evbuffer_get_length(input))
-      misframed = refusal ?? .excessBytes
+      misframed = .excessBytes
     }
     if let refusal { misframed = refusal }
     return refusal
@@ -676,8 +680,6 @@ class PendingExchange: @unchecked Sendable {  // loop-confined
   fileprivate var retried = false
   /// Ended before a connection was made (refused, unreachable, the connect deadline passed): nothing was sent.
   fileprivate var failedBeforeConnecting = false
-  /// Refused for its framing (`KeepAliveConnection.checkFraming`): no part of the answer was used.
-  var misframed = false
 
   init(_ request: UpstreamRequest) { self.request = request }
 
@@ -726,7 +728,6 @@ private let keepAliveRequestDone: @convention(c) (OpaquePointer?, UnsafeMutableR
   // Closed before any answer on a kept socket: once more on a fresh one (libevent has reset the connection).
   if raw == nil, exchange.errorCode == EVREQ_HTTP_EOF, owner.retryOnFreshConnection(exchange) { return }
   if let raw, let refusal = owner.checkFraming(raw) {
-    exchange.misframed = true
     owner.finish(exchange, .failure(UpstreamError(.transport, "request failed", cause: refusal.description)))
     return
   }

@@ -10,12 +10,14 @@ public enum OutgoingRequest {
   /// Why a value cannot go on the wire, or nil when it can. `what` names the value in the message (never the
   /// value itself: it may be a secret).
   static func problem(inHeaderValue value: String, _ what: String) -> String? {
-    // RFC 9110 field-value: visible bytes, obs-text, spaces and tabs; no other control byte, no DEL.
-    for byte in value.utf8 where (byte < 0x20 && byte != 0x09) || byte == 0x7F {
+    for byte in value.utf8 where isControlInFieldValue(byte) {
       return "\(what) holds the control byte 0x\(String(byte, radix: 16, uppercase: true))"
     }
     return nil
   }
+
+  /// RFC 9110 field-value: visible bytes, obs-text, spaces and tabs; no other control byte, no DEL.
+  static func isControlInFieldValue(_ byte: UInt8) -> Bool { (byte < 0x20 && byte != 0x09) || byte == 0x7F }
 
   /// Whether `byte` is an RFC 9110 `tchar`: a digit, a letter or one of ``!#$%&'*+-.^_`|~``. A switch, not a
   /// `Set` of the extra bytes: this runs for the method and every header name of every request, and building the

@@ -269,7 +269,7 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
       keptRefusedBecause = reason
       keptConnection = nil
       // An answer refused for its framing was not used: an idempotent request goes again through libcurl at once.
-      if exchange.misframed, Self.idempotent.contains(exchange.prepared.method) {
+      if reason.refusedAnswer, Self.idempotent.contains(exchange.prepared.method) {
         exchange.outcome = nil
         return
       }

@@ -159,7 +159,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     return scope
   }
 
-  public func identify(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
+  public func identify(_ client: any UpstreamTransport, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> UpstreamIdentity?
   {
     guard let user = recipe.user else { return nil }
@@ -192,7 +192,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     return ({ RecipeAnswer.dedupeKey(stored: $0, pointers) }, dedupe.window)
   }
 
-  public func prepare(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
+  public func prepare(_ client: any UpstreamTransport, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> UpstreamPreparation
   {
     if sessionValues == nil { try await runSession(client) }
@@ -226,7 +226,9 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
 
   /// The sync step's newest id per stream (nil without one).
   @inline(never)
-  private func syncIDs(_ client: UpstreamClient, _ streams: [String], isolation: isolated (any Actor)? = #isolation)
+  private func syncIDs(
+    _ client: any UpstreamTransport, _ streams: [String], isolation: isolated (any Actor)? = #isolation
+  )
     async throws(UpstreamError) -> [String: UInt64]?
   {
     guard recipe.sync != nil else { return nil }
@@ -278,7 +280,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   }
 
   @inline(never)
-  private func runSession(_ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation)
+  private func runSession(_ client: any UpstreamTransport, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError)
   {
     sessionValues = nil
@@ -327,8 +329,8 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   }
 
   /// What a poll decided before it went out, kept until its answer is read, with the request it sends and the
-  /// outcome `UpstreamClient.send(held:)` writes back. A reference to this is what the poll's async frame holds while
-  /// the poll hangs (per-user relaying holds thousands): no request, response or error is copied into it, and the
+  /// outcome `UpstreamTransport.send(held:)` writes back. A reference to this is what the poll's async frame holds
+  /// while the poll hangs (per-user relaying holds thousands): no request, response or error is copied into it, and the
   /// answer is read in its own function.
   final class PollPlan: HeldRequest, @unchecked Sendable {  // loop-confined
     let scope: RecipeScope
@@ -346,14 +348,14 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
 
   @inline(never)
   public final func poll(
-    _ client: UpstreamClient, cursors: [String: UInt64], tokens: [String: String] = [:],
+    _ client: any UpstreamTransport, cursors: [String: UInt64], tokens: [String: String] = [:],
     isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     let plan = try planPoll(cursors: cursors, tokens: tokens)
     // The plan, not its request, is handed over, and the response comes back in it: a struct argument to an async
     // call is copied into this frame (twice, measured), and a result or typed error takes slots in it; every
     // account keeps this frame while its poll hangs.
-    await client.send(held: plan)
+    await client.send(held: plan, isolation: isolation)
     return try await read(plan, client, isolation: isolation)
   }
 
@@ -400,7 +402,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// only then (every account's cycle task keeps the deepest chain of async frames it ever needed).
   @inline(never)
   private func read(
-    _ plan: PollPlan, _ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation
+    _ plan: PollPlan, _ client: any UpstreamTransport, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     switch try readHere(plan) {
     case .answer(let answer):
@@ -447,7 +449,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// `read` for a body decoded off the loop.
   @inline(never)
   private func readApart(
-    _ plan: PollPlan, _ client: UpstreamClient, isolation: isolated (any Actor)? = #isolation
+    _ plan: PollPlan, _ client: any UpstreamTransport, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     let response = try plan.response()
     let verdict = await RecipeAnswer.decode(response, weight: storage.readingWeight, interpreter(response, plan))
@@ -459,7 +461,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// The fetch a poll's answer asked for, then what it means.
   @inline(never)
   private func fetchThenFinish(
-    _ client: UpstreamClient, _ plan: PollPlan, after: Double?, isolation: isolated (any Actor)? = #isolation
+    _ client: any UpstreamTransport, _ plan: PollPlan, after: Double?, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     var (action, keys) = try await fetchAll(client, from: plan.scope)
     if case .answer(var answer) = action, let after {
@@ -507,7 +509,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// pages so far are committed with their last cursor, and the next poll goes on from there: nothing is lost.
   @inline(never)
   private func fetchAll(
-    _ client: UpstreamClient, from start: RecipeScope, isolation: isolated (any Actor)? = #isolation
+    _ client: any UpstreamTransport, from start: RecipeScope, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> (RecipeAnswer.PollAction, [String?]) {
     guard let fetch = recipe.fetch else { throw UpstreamError(.decoding, "recipe.fetch: no fetch step") }
     var current = start
@@ -539,7 +541,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
         current.token = token
       }
       guard verdict.more else { break }
-      if received >= client.transport.maxBodyBytes {
+      if received >= client.maxBodyBytes {
         combined.fetchCut = true
         break
       }

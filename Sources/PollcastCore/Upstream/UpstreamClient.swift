@@ -153,23 +153,8 @@ final class AddressBook: @unchecked Sendable {  // loop-confined
   var lifetime = 60.0
 }
 
-/// A request held by an object, for `UpstreamClient.send(held:)` (a poll's plan is one).
-public class HeldRequest: @unchecked Sendable {  // loop-confined
-  public let request: UpstreamRequest
-  /// What `send(held:)` got back; set when it returns.
-  public internal(set) var outcome: Result<UpstreamResponse, UpstreamError>?
-
-  public init(_ request: UpstreamRequest) { self.request = request }
-
-  /// The response `send(held:)` got, or the error it met.
-  public func response() throws(UpstreamError) -> UpstreamResponse {
-    guard let outcome else { throw UpstreamError(.transport, "the request was not sent") }
-    return try outcome.get()
-  }
-}
-
-/// The transport with its interceptor chain: what adapters call.
-public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like its transport
+/// The relay's transport: libcurl and the kept connection behind the interceptor chain.
+public final class UpstreamClient: UpstreamTransport, @unchecked Sendable {  // loop-confined, like its transport
   public let transport: CurlTransport
   public let interceptors: [UpstreamInterceptor]
 
@@ -177,6 +162,8 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   private var keptConnection: KeepAliveConnection?
   /// The kept connection's last parsed target (see `KeepAliveConnection.target(for:after:)`).
   private var lastTarget: KeepAliveConnection.Target?
+
+  public var maxBodyBytes: Int { transport.maxBodyBytes }
 
   public init(transport: CurlTransport, interceptors: [UpstreamInterceptor]) {
     self.transport = transport
@@ -186,20 +173,7 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   /// Requests sent on the kept-alive connection so far (the rest went through libcurl).
   public var keptAliveRequests: Int { keptConnection?.requestsSent ?? 0 }
 
-  /// Sends `request` through the interceptors. Any status comes back as a response; only transport problems
-  /// throw.
-  public func send(_ request: UpstreamRequest, isolation: isolated (any Actor)? = #isolation)
-    async throws(UpstreamError)
-    -> UpstreamResponse
-  {
-    // One body for both: a poll's plan holds its request (`send(held:)`); any other request is held here, at the
-    // cost of one small object per session or fetch request.
-    let held = HeldRequest(request)
-    await send(held: held)
-    return try held.response()
-  }
-
-  /// `send` for a request an object holds (a poll's plan), with the outcome written into it (`held.outcome`).
+  /// Sends `held.request` through the interceptors, with the outcome written into it (`held.outcome`).
   /// Every account keeps this chain of frames while its poll hangs: a request passed by value to an async call is
   /// copied into the caller's frame (105 bytes, twice, in `RecipeAdapter.poll`), and a response or a typed error
   /// returned takes slots in both frames; a reference is one word.
@@ -207,7 +181,7 @@ public final class UpstreamClient: @unchecked Sendable {  // loop-confined, like
   /// Every step but the calls is synchronous, and the exchange's values are in a class whose `let` the calls borrow:
   /// an async frame holds every value and temporary of its body (a copy of a `var` property among them). The kept
   /// connection writes its outcome into the exchange: no response or error passes through this frame.
-  public func send(held: HeldRequest, isolation: isolated (any Actor)? = #isolation) async {
+  public func send(held: HeldRequest, isolation: isolated (any Actor)?) async {
     let exchange = begin(held)
     if let connection = exchange.connection {
       await connection.perform(exchange)

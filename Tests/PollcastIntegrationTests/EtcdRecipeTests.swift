@@ -91,11 +91,12 @@ import Testing
     // Down again while more than etcd's 1,000 kept events happen: the stored cursor is cleared on restart. The
     // relay jumps to etcd's index and says so (a `resync` event), then relays the next write.
     node.kill9()
+    let beforeGap = reader.lastID
     let lost = try etcd.put("/config/a", "lost-while-down")
     for n in 0..<1010 { _ = try etcd.put("/other/x", String(n)) }
     node = try relay(etcd, store: store, log: logs.files[0])
     try await waitReady(port: node.port, timeout: 10 * timingFactor)
-    let resumed = try TestSSEClient(port: node.port, headers: reader.lastID.map { [("Last-Event-ID", $0)] } ?? [])
+    let resumed = try TestSSEClient(port: node.port, headers: beforeGap.map { [("Last-Event-ID", $0)] } ?? [])
     let after = try etcd.put("/config/a", "after-the-gap")
     let gapDeadline = MonotonicClock.seconds() + 10 * timingFactor
     while MonotonicClock.seconds() < gapDeadline
@@ -111,6 +112,21 @@ import Testing
     #expect(!relayed.contains { $0.contains("\"upstream_id\":\"\(lost)\"") }, "etcd no longer has it")
     let log = logs.tails()
     #expect(log.contains("upstream reset the cursor and dropped events"), "\(log)")
+    // The gap is an event with an id, stored with the feed: a client that comes back later from before it meets
+    // it in the replay, before the first message after it.
+    let returning = try TestSSEClient(port: node.port, headers: beforeGap.map { [("Last-Event-ID", $0)] } ?? [])
+    let returnDeadline = MonotonicClock.seconds() + 10 * timingFactor
+    while MonotonicClock.seconds() < returnDeadline
+      && !returning.events.contains(where: { $0.data.contains("after-the-gap") })
+    {
+      _ = try? returning.pump(timeout: 0.1)
+    }
+    let replayed = returning.events.filter { $0.type == "gap" || $0.type == "message" }
+    let gapAt = try #require(replayed.firstIndex { $0.type == "gap" }, "\(returning.events.map(\.type))")
+    #expect(replayed[gapAt].hadID)
+    #expect(replayed[gapAt].data.contains("\"reason\":\"recipe_rules[1]\""), "\(replayed[gapAt].data)")
+    #expect(replayed[gapAt].data.contains("\"stream\":"), "\(replayed[gapAt].data)")
+    #expect(replayed.last?.data.contains("after-the-gap") == true && gapAt < replayed.count - 1)
     node.kill9()
   }
 

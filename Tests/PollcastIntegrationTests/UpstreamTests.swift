@@ -129,6 +129,36 @@ import Testing
     await fixture.shutdown()
   }
 
+  /// While the API fails, the `upstream` status stays `backoff` from one retry to the next: a retry that has no
+  /// session step to send does not show the API `live` before its poll fails again.
+  @Test func theStatusStaysBackoffBetweenFailedRetries() async throws {
+    let server = try CapturingServer(status: 500, body: "{}")
+    defer { server.stop() }
+    let recipe = try Recipe.parse(
+      #"{"recipe":1,"poll":{"url":"\#(server.url)/poll","events":{"pointer":"/e","id":{"event":"/id"}}}}"#,
+      context: Recipe.Context(environment: [:], hasCredential: false)
+    ).get()
+    var settings = UpstreamHarness.fastSettings()
+    settings.backoff = Backoff(base: 0.05, cap: 0.1)
+    settings.minPollInterval = 0.05
+    let relay = try await Relay.start(
+      server: ServerSettings(host: "127.0.0.1", port: 0), feed: FeedSettings(),
+      logger: Logger(label: "test", level: .critical),
+      upstream: .init(
+        adapter: RecipeAdapter(recipe: recipe, environment: [:], credential: nil), settings: settings, apiKey: "",
+        seed: 3))
+    let client = try TestSSEClient(port: Int(relay.address.split(separator: ":").last!)!)
+    let deadline = MonotonicClock.seconds() + 1.5
+    while MonotonicClock.seconds() < deadline { _ = try? client.pump(timeout: 0.05) }
+    let states = client.events.filter { $0.type == "upstream" }.compactMap { event in
+      (try? RawJSON.parse(event.data))?["state"]?.stringValue
+    }
+    #expect(server.received.count >= 4, "\(server.received.count) polls")
+    let firstBackoff = try #require(states.firstIndex(of: "backoff"), "\(states)")
+    #expect(!states[firstBackoff...].contains("live"), "\(states)")
+    await relay.shutdown()
+  }
+
   @Test func linkedAccountAttachAndDetachAreEventsAndDetachPurgesTheRing() async throws {
     var options = LegacyFixture.Options()
     options.linkedUserID = nil

@@ -28,17 +28,20 @@ extension UpstreamWorker {
 
   // MARK: Status events
 
-  /// Tells clients, in the `upstream` status event, that the relay followed the upstream to other ids.
-  /// An opaque-cursor API's reset names the API's own cursor the relay polls on from (`api_cursor`).
-  func publishResync(_ rewind: CursorBook.Rewind, apiCursor: String? = nil) {
+  /// Tells clients that the relay followed the upstream to other ids, where events may have been lost: live ones at
+  /// once in the `upstream` status event (`resync`), and every client in the `gap` event returned, which is stored
+  /// with the feed's events and given an id, so a client resuming from before it meets it at its place in the
+  /// replay. An opaque-cursor API's reset names the API's own cursor the relay polls on from (`api_cursor`).
+  func resynced(_ rewind: CursorBook.Rewind, apiCursor: String? = nil) -> FeedEvent {
     var fields: [(String, String)] = [
-      ("state", JSONText.quoted("resync")), ("adapter", JSONText.quoted(adapter.name)),
       ("stream", JSONText.quoted(rewind.stream)), ("reason", JSONText.quoted(rewind.reason)),
       ("cursor", JSONText.quoted(String(rewind.from))), ("upstream_id", JSONText.quoted(String(rewind.to))),
     ]
     if let apiCursor { fields.append(("api_cursor", JSONText.quoted(adapter.shownCursor(apiCursor)))) }
-    let data = JSONText.object(fields)
-    feed.assumeIsolated { $0.publishStatus(data) }
+    let status = JSONText.object(
+      [("state", JSONText.quoted("resync")), ("adapter", JSONText.quoted(adapter.name))] + fields)
+    feed.assumeIsolated { $0.publishStatus(status) }
+    return FeedEvent(type: "gap", stream: rewind.stream, data: JSONText.object(fields))
   }
 
   func updateLiveness() {
@@ -117,9 +120,10 @@ extension UpstreamWorker {
         ])
       if reset.gap {
         statistics.cursorRewinds += 1
-        publishResync(
-          CursorBook.Rewind(stream: reset.stream, from: from, to: reset.to, reason: reset.reason),
-          apiCursor: tokens[reset.stream])
+        unstoredGaps.append(
+          resynced(
+            CursorBook.Rewind(stream: reset.stream, from: from, to: reset.to, reason: reset.reason),
+            apiCursor: tokens[reset.stream]))
       }
     }
   }
@@ -135,10 +139,14 @@ extension UpstreamWorker {
     let backlog = book.isBacklog(message.id, stream: stream)
     if backlog { statistics.backlogMessages += 1 }
     return FeedEvent(
-      stream: stream,
-      data: JSONText.object([
-        "stream": JSONText.quoted(stream), "upstream_id": JSONText.quoted(message.label ?? String(message.id)),
-        "backlog": backlog ? "true" : "false", "message": message.raw,
-      ]), upstreamID: message.id)
+      stream: stream, data: Self.envelopeData(message, stream: stream, backlog: backlog), upstreamID: message.id)
+  }
+
+  /// A relayed message's SSE data: the relay's envelope around the message as the API sent it.
+  static func envelopeData(_ message: UpstreamMessage, stream: String, backlog: Bool) -> String {
+    JSONText.object([
+      "stream": JSONText.quoted(stream), "upstream_id": JSONText.quoted(message.label ?? String(message.id)),
+      "backlog": backlog ? "true" : "false", "message": message.raw,
+    ])
   }
 }

@@ -46,6 +46,9 @@ public actor UpstreamWorker {
   /// client error (4xx but 408 and 429) is taken as the key refused, so a made-up key does not stay a polling account
   /// against an API that refuses keys with 404 or 400.
   var keyUnverified = false
+  /// `gap` events of the answer being relayed, stored ahead of its first slice (kept for the next try when the store
+  /// refused them).
+  var unstoredGaps: [FeedEvent] = []
   public internal(set) var state: State = .stopped
   public internal(set) var statistics = UpstreamStatistics()
   /// The totals its polls in flight are added to as well (an account's loop: `AccountTotals`).
@@ -330,7 +333,8 @@ public actor UpstreamWorker {
   /// Before the session step; whether there was a session already.
   @inline(never)
   private func preparing() -> Bool {
-    if !adapter.hasSession { setState(.connecting) }
+    // After a failure the state stays `backoff` until a poll is answered: a retry is not a new connection.
+    if !adapter.hasSession && state != .backoff { setState(.connecting) }
     return adapter.hasSession
   }
 
@@ -510,9 +514,11 @@ public actor UpstreamWorker {
         "upstream last id is below the relay's cursor: following the server",
         metadata: ["stream": rewind.stream, "cursor": String(rewind.from), "server_last": String(rewind.to)])
       statistics.cursorRewinds += 1
-      publishResync(rewind)
+      notices.append(resynced(rewind))
     }
-    updateLiveness()
+    // After a failure, only an answered poll shows the API live again (`relay`): a preparation that sent nothing,
+    // or only a session step, would show `live` between two failed polls.
+    if state != .backoff { updateLiveness() }
     return notices
   }
 
@@ -561,6 +567,10 @@ public actor UpstreamWorker {
     guard atomic || pending.count <= max(1, settings.publishSlice) else { return .inTurns(plan) }
     defer { storeGate.release() }
     note(answer, plan)
+    if !unstoredGaps.isEmpty {
+      publish(unstoredGaps)
+      unstoredGaps = []
+    }
     if !pending.isEmpty {
       let slice = pending[...]
       publish(slice.map { envelope($0.message, stream: $0.stream) })
@@ -614,7 +624,7 @@ public actor UpstreamWorker {
       logger.warning(
         "upstream ids went backwards: following the server",
         metadata: ["stream": rewind.stream, "cursor": String(rewind.from), "upstream_last": String(rewind.to)])
-      publishResync(rewind)
+      unstoredGaps.append(resynced(rewind))
     }
     announce(plan.resets, tokens: book.tokens(after: plan))
     statistics.duplicatesDropped += plan.duplicates
@@ -641,9 +651,13 @@ public actor UpstreamWorker {
         guard isCurrent(cycleGeneration) else { return wentBackwards }
       }
       let slice = pending[start..<min(pending.count, start + (atomic ? pending.count : max(1, settings.publishSlice)))]
-      // The slice and the cursors after it are stored together before anyone sees the slice.
-      let events = slice.map { envelope($0.message, stream: $0.stream) }
+      // The slice and the cursors after it are stored together before anyone sees the slice; the answer's gaps
+      // come first, in the same commit.
+      let gaps = unstoredGaps
+      let events = gaps + slice.map { envelope($0.message, stream: $0.stream) }
+      unstoredGaps = []
       guard await commit(events, cursors: book.cursors(after: slice), tokens: atomic ? nextTokens : book.tokens) else {
+        unstoredGaps = gaps + unstoredGaps
         return nil
       }
       // Only now that the messages are in the feed do the cursors move.
@@ -652,8 +666,13 @@ public actor UpstreamWorker {
       guard isCurrent(cycleGeneration) else { return wentBackwards }
     }
     let next = book.settled(plan)
-    if next != cursors || nextTokens != book.tokens {
-      guard await commit([], cursors: next, tokens: nextTokens) else { return nil }
+    if next != cursors || nextTokens != book.tokens || !unstoredGaps.isEmpty {
+      let gaps = unstoredGaps
+      unstoredGaps = []
+      guard await commit(gaps, cursors: next, tokens: nextTokens) else {
+        unstoredGaps = gaps + unstoredGaps
+        return nil
+      }
       settle(next, nextTokens, plan)
     }
     updateLiveness()

@@ -58,7 +58,7 @@ struct RecipeReader {
   }
 
   mutating func template(_ value: JSONValue?, _ path: String) -> RecipeTemplate? {
-    string(value, path).map(RecipeTemplate.init)
+    string(value, path).map { RecipeTemplate($0) }
   }
 
   mutating func pointer(_ value: JSONValue?, _ path: String, wildcard: Bool) -> String? {
@@ -213,6 +213,9 @@ struct RecipeReader {
           if let rule = self.rule(
             item, "recipe.rules[\(index)]", hasSession: !session.isEmpty, hasFetch: hasFetch, hasSync: sync != nil)
           {
+            if let name = rule.name, let earlier = rules.first(where: { $0.name == name }) {
+              problem("\(rule.path).name", "\(Setting.shown(name)) is \(earlier.path)'s name too: names are unique")
+            }
             rules.append(rule)
           }
         }
@@ -416,7 +419,7 @@ struct RecipeReader {
     {
       problem("\(path).url", issue)
     }
-    let query = pairs(members["query"], "\(path).query")
+    let query = pairs(members["query"], "\(path).query", json: true)
     let headers = pairs(members["headers"], "\(path).headers")
     for (name, template) in headers {
       if let issue = OutgoingRequest.problem(inHeaderName: name) { problem("\(path).headers", issue) }
@@ -429,7 +432,7 @@ struct RecipeReader {
     if let json = members["json"] { body = .json(json) }
     if members["form"] != nil {
       if body != nil { problem("\(path).form", "a step has json or form, not both") }
-      body = .form(pairs(members["form"], "\(path).form"))
+      body = .form(pairs(members["form"], "\(path).form", json: true))
     }
     var timeout: Double?
     if let value = members["timeout"] {
@@ -470,13 +473,28 @@ struct RecipeReader {
     )
   }
 
-  mutating func pairs(_ value: JSONValue?, _ path: String) -> [(String, RecipeTemplate)] {
+  /// Named templates. With `json` (query and form members), a value that is a number, a boolean, an array or an
+  /// object is sent as its compact JSON text (Matrix's `filter`), then percent-encoded like any value; it is sent as
+  /// written, so a placeholder inside it is refused rather than left unfilled.
+  mutating func pairs(_ value: JSONValue?, _ path: String, json: Bool = false) -> [(String, RecipeTemplate)] {
     guard let value else { return [] }
     guard case .object(let members) = value else {
       problem(path, "expected an object of strings, got \(value.kind)")
       return []
     }
-    return members.keys.sorted().compactMap { key in template(members[key], "\(path).\(key)").map { (key, $0) } }
+    return members.keys.sorted().compactMap { key in
+      let member = members[key]!
+      if json, member.kind != "a string", member.kind != "null" {
+        let text = member.text
+        if !RecipeTemplate(text).placeholders.isEmpty {
+          problem(
+            "\(path).\(key)",
+            "a value given as JSON is sent as written: a placeholder inside it is not filled (write it as a string)")
+        }
+        return (key, RecipeTemplate(literal: text))
+      }
+      return template(member, "\(path).\(key)").map { (key, $0) }
+    }
   }
 
 }

@@ -58,7 +58,8 @@ extension RecipeReader {
   mutating func source(_ value: JSONValue, _ path: String) -> Recipe.Source? {
     guard
       let members = object(
-        value, path, keys: ["body", "header", "event", "const", "from", "name", "add", "unit", "optional"])
+        value, path,
+        keys: ["body", "header", "event", "const", "from", "name", "add", "unit", "optional", "secret"])
     else { return nil }
     var origins: [Recipe.Source.Origin] = []
     // A body pointer may hold one `*`: the first element or member that has the rest (CometD's `/*/ext/ack`, in
@@ -105,6 +106,13 @@ extension RecipeReader {
         source.optional = flag
       } else {
         problem("\(path).optional", "a boolean, and only on a session step's extract")
+      }
+    }
+    if let secret = members["secret"] {
+      if case .bool(let flag) = secret, path.contains(".extract.") {
+        source.secret = flag
+      } else {
+        problem("\(path).secret", "a boolean, and only on a session step's extract")
       }
     }
     if let unit = string(members["unit"], "\(path).unit") {
@@ -239,7 +247,18 @@ extension RecipeReader {
 
   // MARK: Rules
 
-  mutating func condition(_ value: JSONValue, _ path: String) -> Recipe.Condition? {
+  mutating func condition(_ value: JSONValue, _ path: String, negatable: Bool = true) -> Recipe.Condition? {
+    if case .object(let members) = value, members["not"] != nil {
+      // `{"not": {…}}`: the inner condition negated; nothing beside it, and one `not` only.
+      guard negatable else {
+        problem("\(path).not", "a not inside a not: write the condition itself")
+        return nil
+      }
+      guard let outer = object(value, path, keys: ["not"]), let inner = outer["not"] else { return nil }
+      guard var condition = condition(inner, "\(path).not", negatable: false) else { return nil }
+      condition.negated = true
+      return condition
+    }
     guard let members = object(value, path, keys: ["pointer", "equals", "in", "exists", "prefix"]) else { return nil }
     guard let pointer = pointer(members["pointer"], "\(path).pointer", wildcard: true) else {
       if members["pointer"] == nil { problem("\(path).pointer", "required") }
@@ -272,8 +291,14 @@ extension RecipeReader {
   mutating func rule(
     _ value: JSONValue, _ path: String, hasSession: Bool, hasFetch: Bool = false, hasSync: Bool = false
   ) -> Recipe.Rule? {
-    guard let members = object(value, path, keys: ["step", "status", "when", "do", "after", "to", "gap"]) else {
+    guard
+      let members = object(value, path, keys: ["name", "step", "status", "when", "do", "after", "to", "gap"])
+    else {
       return nil
+    }
+    let name = string(members["name"], "\(path).name")
+    if let name, !Recipe.Rule.isName(name) {
+      problem("\(path).name", "\(Setting.shown(name)) is not 1 to 64 of A-Z, a-z, 0-9, _, . and -")
     }
     let step = string(members["step"], "\(path).step") ?? "poll"
     if !["poll", "session", "fetch", "sync", "*"].contains(step) {
@@ -368,6 +393,7 @@ extension RecipeReader {
         "\(path).do", "\(other.rawValue) acts on a poll's answer; a sync rule can continue, session, retry or fail")
     }
     return Recipe.Rule(
-      step: step, statuses: statuses, when: when, actions: actions, after: after, to: to, gap: gap, path: path)
+      step: step, statuses: statuses, when: when, actions: actions, after: after, to: to, gap: gap, path: path,
+      name: name)
   }
 }

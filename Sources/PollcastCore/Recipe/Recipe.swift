@@ -100,6 +100,9 @@ public struct Recipe: Sendable {
     /// value, and a template that uses it is left out where that is allowed (a `streams` entry, a query member
     /// that is only it).
     public var optional = false
+    /// A session step's extract is a secret (redacted wherever it appears) unless marked `"secret": false`: a sync
+    /// token or a user id that logs, status events and `recipe check` may show.
+    public var secret = true
   }
 
   public struct Events: Sendable {
@@ -157,6 +160,8 @@ public struct Recipe: Sendable {
     }
     public var pointer: String
     public var test: Test
+    /// `{"not": {…}}`: the condition holds when its test does not.
+    public var negated = false
   }
 
   public enum Action: String, Sendable, CaseIterable {
@@ -176,8 +181,25 @@ public struct Recipe: Sendable {
     public var after: Source?
     public var to: Source?
     public var gap: Bool
-    /// `rules[2]`, for logs and `recipe check`.
+    /// `recipe.rules[2]`: where the rule is written, for load problems.
     public var path: String
+    /// The rule's own name (`"name"`), if given: the reason of its gaps and status events, and how logs and
+    /// `recipe check` name it, stable when rules are inserted before it.
+    public var name: String?
+
+    /// How logs and `recipe check` name the rule: its name, else its place.
+    public var label: String { name ?? path }
+    /// The reason its resets and gaps carry: `recipe_` and its name, else its place (`recipe_rules[2]`).
+    public var reason: String { "recipe_" + (name ?? path.replacingEvery("recipe.", with: "")) }
+
+    /// A rule's name: 1 to 64 ASCII letters, digits, `_`, `.` and `-` (it goes into status events and logs as is).
+    static func isName(_ text: String) -> Bool {
+      (1...64).contains(text.utf8.count)
+        && text.utf8.allSatisfy { byte in
+          (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte)
+            || byte == 0x5F || byte == 0x2E || byte == 0x2D
+        }
+    }
   }
 
   /// Status codes as ranges (`"4xx"` is 400…499).
@@ -197,6 +219,9 @@ public struct Recipe: Sendable {
 
   /// Every session step's extracted names, in order.
   var sessionNames: Set<String> { Set(session.flatMap { $0.extract.map(\.0) }) }
+
+  /// The session's extracted names whose values are secrets (all but those marked `"secret": false`).
+  var secretSessionNames: Set<String> { Set(session.flatMap { $0.extract.filter { $0.1.secret }.map(\.0) }) }
 
   /// Whether a request carries the credential (per-user relaying needs it).
   public var usesCredential: Bool {

@@ -591,7 +591,7 @@ public final class RecipeStorage: Sendable {
     self.recipe = recipe
     headerNames = recipe.headerNames
     varNames = recipe.varNames
-    secretNames = recipe.environmentVars.union(recipe.sessionNames)
+    secretNames = recipe.environmentVars.union(recipe.secretSessionNames)
     allowedHosts = recipe.allowedHosts
     readingWeight = 1 + recipe.rules.reduce(0) { $0 + $1.when.filter { $0.pointer.hasWildcardSegment }.count }
   }
@@ -689,22 +689,22 @@ enum RecipeRequest {
   }
 
   static func prefix(_ step: Recipe.Step, _ scope: RecipeScope, recipe: Recipe) -> Prefix? {
-    func movesWithCursor(_ template: RecipeTemplate) -> Bool {
+    func changesEveryPoll(_ template: RecipeTemplate) -> Bool {
       template.placeholders.contains { placeholder in
         switch placeholder {
-        case .cursor, .next, .cursors: true
+        case .cursor, .next, .cursors, .now, .nonce: true
         case .name(let name): name.hasPrefix("cursor.")
         default: false
         }
       }
     }
-    guard !movesWithCursor(step.url), var url = try? step.url.render(scope, .url, vars: recipe.varNames) else {
+    guard !changesEveryPoll(step.url), var url = try? step.url.render(scope, .url, vars: recipe.varNames) else {
       return nil
     }
     var fixed: [String] = []
     var dynamic: [(String, RecipeTemplate)] = []
     for (name, template) in step.query {
-      if movesWithCursor(template) {
+      if changesEveryPoll(template) {
         dynamic.append((name, template))
         continue
       }

@@ -161,12 +161,14 @@ enum RecipeAnswer {
 
   static func matches(_ condition: Recipe.Condition, _ json: RawJSON?) -> Bool {
     let found = json.map { resolveAll($0, condition.pointer) } ?? []
+    let holds: Bool
     switch condition.test {
-    case .exists(let wanted): return found.isEmpty != wanted
-    case .equals(let expected): return found.contains { equal($0, expected) }
-    case .oneOf(let options): return found.contains { value in options.contains { equal(value, $0) } }
-    case .prefix(let prefix): return found.contains { $0.stringValue?.hasPrefix(prefix) == true }
+    case .exists(let wanted): holds = found.isEmpty != wanted
+    case .equals(let expected): holds = found.contains { equal($0, expected) }
+    case .oneOf(let options): holds = found.contains { value in options.contains { equal(value, $0) } }
+    case .prefix(let prefix): holds = found.contains { $0.stringValue?.hasPrefix(prefix) == true }
     }
+    return holds != condition.negated
   }
 
   static func equal(_ json: RawJSON, _ expected: JSONValue) -> Bool {
@@ -206,21 +208,21 @@ enum RecipeAnswer {
     let fail = { (message: String, retry: Double?) in
       SessionOutcome(
         values: .failure(
-          UpstreamError(.status(status), message, cause: snippet(text, scope), retryAfter: retry)), rule: rule?.path)
+          UpstreamError(.status(status), message, cause: snippet(text, scope), retryAfter: retry)), rule: rule?.label)
     }
     switch rule?.actions.first {
     case .retry?:
-      return fail("\(path) answered \(status): \(rule!.path) says retry", rule!.after.flatMap { delay($0, context) })
-    case .fail?: return fail("\(path) answered \(status): \(rule!.path) says fail", nil)
+      return fail("\(path) answered \(status): \(rule!.label) says retry", rule!.after.flatMap { delay($0, context) })
+    case .fail?: return fail("\(path) answered \(status): \(rule!.label) says fail", nil)
     case .refuseKey?:
       return SessionOutcome(
         values: .failure(
-          UpstreamError(.invalidCredential, "\(path) answered \(status): \(rule!.path) refuses the key")),
-        rule: rule?.path)
+          UpstreamError(.invalidCredential, "\(path) answered \(status): \(rule!.label) refuses the key")),
+        rule: rule?.label)
     case .continue?, .empty?: break
     case nil where (200...299).contains(status): break
     case nil: return fail("\(path) answered \(status)", retryDefault(status: status, context: context))
-    default: return fail("\(path) answered \(status): \(rule!.path) cannot act on a session step", nil)
+    default: return fail("\(path) answered \(status): \(rule!.label) cannot act on a session step", nil)
     }
     var values: [String: RecipeValue] = [:]
     for (name, source) in step.extract {
@@ -230,18 +232,18 @@ enum RecipeAnswer {
           values: .failure(
             UpstreamError(
               .decoding, "\(path).extract.\(name): the answer has no such value", cause: shape(context.json))),
-          rule: rule?.path)
+          rule: rule?.label)
       }
       // A JSON object or array taken whole may hold the answer's own whitespace; only text is sent back as it is.
       let container = value.json == value.text && (value.text.hasPrefix("{") || value.text.hasPrefix("["))
       do throws(UpstreamError) {
         if !container { try refuseControlBytes(value.text, "\(path).extract.\(name)") }
       } catch {
-        return SessionOutcome(values: .failure(error), rule: rule?.path)
+        return SessionOutcome(values: .failure(error), rule: rule?.label)
       }
       values[name] = value
     }
-    return SessionOutcome(values: .success(values), rule: rule?.path)
+    return SessionOutcome(values: .success(values), rule: rule?.label)
   }
 
   // MARK: The cursor sync
@@ -270,17 +272,17 @@ enum RecipeAnswer {
       }
       return failure("sync answered \(status)", retry: retryDefault(status: status, context: context))
     case let actions? where actions.contains(.session) && !recipe.session.isEmpty:
-      return .failure(UpstreamError(.sessionExpired, "sync answered \(status): \(rule!.path) says session"))
+      return .failure(UpstreamError(.sessionExpired, "sync answered \(status): \(rule!.label) says session"))
     case [.continue]?: break
     case [.retry]?:
       return failure(
-        "sync answered \(status): \(rule!.path) says retry",
+        "sync answered \(status): \(rule!.label) says retry",
         retry: rule!.after.flatMap { delay($0, context) } ?? retryDefault(status: status, context: context))
-    case [.fail]?: return failure("sync answered \(status): \(rule!.path) says fail", retry: nil)
+    case [.fail]?: return failure("sync answered \(status): \(rule!.label) says fail", retry: nil)
     case [.refuseKey]?:
-      return .failure(UpstreamError(.invalidCredential, "sync answered \(status): \(rule!.path) refuses the key"))
+      return .failure(UpstreamError(.invalidCredential, "sync answered \(status): \(rule!.label) refuses the key"))
     default:  // a `*` rule's reset, empty or fetch: they act on a poll's answer
-      return failure("sync answered \(status): \(rule!.path) cannot act on a sync step", retry: nil)
+      return failure("sync answered \(status): \(rule!.label) cannot act on a sync step", retry: nil)
     }
     guard let json else {
       return .failure(UpstreamError(.decoding, "sync answer is not JSON", cause: snippet(text, scope)))
@@ -336,13 +338,13 @@ enum RecipeAnswer {
     let blank = json == nil && !text.text.utf8.contains { !($0 == 0x20 || $0 == 0x0A || $0 == 0x0D || $0 == 0x09) }
     func failure(_ kind: UpstreamError.Kind, _ message: String, retry: Double? = nil) -> PollVerdict {
       PollVerdict(
-        action: .error(UpstreamError(kind, message, cause: snippet(text, scope), retryAfter: retry)), rule: rule?.path)
+        action: .error(UpstreamError(kind, message, cause: snippet(text, scope), retryAfter: retry)), rule: rule?.label)
     }
     // `after` with continue, empty or fetch: the wait before the next poll (Dropbox's `backoff`).
     let after = rule.flatMap { rule in rule.actions.contains(.retry) ? nil : rule.after.flatMap { delay($0, context) } }
     var emptyAnswer = UpstreamPollAnswer(batches: recipe.isMultiStream ? [] : [(recipe.stream, [])])
     emptyAnswer.nextPollAfter = after
-    let empty = PollVerdict(action: .answer(emptyAnswer), rule: rule?.path)
+    let empty = PollVerdict(action: .answer(emptyAnswer), rule: rule?.label)
     guard let rule else {
       if (200...299).contains(status) {
         if status == 204 || blank || notifyOnly { return empty }
@@ -355,7 +357,7 @@ enum RecipeAnswer {
         .status(status), "\(step) answered \(status)", retry: retryDefault(status: status, context: context))
     }
     let actions = rule.actions
-    let reason = "recipe_\(rule.path.replacingEvery("recipe.", with: ""))"
+    let reason = rule.reason
     if actions.contains(.session) {
       var to: UInt64?
       var token: String?
@@ -365,7 +367,7 @@ enum RecipeAnswer {
             return failure(.decoding, "\(rule.path).to: the answer has no value there")
           }
           if let error = controlByteRefusal(text, "\(rule.path).to") {
-            return PollVerdict(action: .error(error), rule: rule.path)
+            return PollVerdict(action: .error(error), rule: rule.label)
           }
           to = scope.cursor ?? 0
           token = text
@@ -378,7 +380,7 @@ enum RecipeAnswer {
       }
       let reset =
         actions.contains(.reset) ? SessionReset(to: to, token: token, gap: rule.gap, reason: reason) : nil
-      return PollVerdict(action: .session(reset: reset), rule: rule.path)
+      return PollVerdict(action: .session(reset: reset), rule: rule.label)
     }
     switch actions.first {
     case .reset?:
@@ -389,7 +391,7 @@ enum RecipeAnswer {
           return failure(.decoding, "\(rule.path).to: the answer has no value there")
         }
         if let error = controlByteRefusal(text, "\(rule.path).to") {
-          return PollVerdict(action: .error(error), rule: rule.path)
+          return PollVerdict(action: .error(error), rule: rule.label)
         }
         answer.tokens[recipe.stream] = text
         answer.resets = [
@@ -401,23 +403,23 @@ enum RecipeAnswer {
         }
         answer.resets = [UpstreamCursorReset(stream: recipe.stream, to: to, gap: rule.gap, reason: reason)]
       }
-      return PollVerdict(action: .answer(answer), rule: rule.path)
+      return PollVerdict(action: .answer(answer), rule: rule.label)
     case .empty?: return empty
     case .retry?:
       return failure(
-        .status(status), "\(step) answered \(status): \(rule.path) says retry",
+        .status(status), "\(step) answered \(status): \(rule.label) says retry",
         retry: rule.after.flatMap { delay($0, context) } ?? retryDefault(status: status, context: context))
     case .fail?:
-      return failure(.status(status), "\(step) answered \(status): \(rule.path) says fail")
+      return failure(.status(status), "\(step) answered \(status): \(rule.label) says fail")
     case .refuseKey?:
-      return failure(.invalidCredential, "\(step) answered \(status): \(rule.path) refuses the key")
+      return failure(.invalidCredential, "\(step) answered \(status): \(rule.label) refuses the key")
     case .fetch?:
-      var verdict = PollVerdict(action: .fetch, rule: rule.path)
+      var verdict = PollVerdict(action: .fetch, rule: rule.label)
       verdict.after = after
       return verdict
     default:  // continue
       if status == 204 || blank || notifyOnly { return empty }
-      var verdict = events(recipe, text: text, context: context, rule: rule.path)
+      var verdict = events(recipe, text: text, context: context, rule: rule.label)
       if case .answer(var answer) = verdict.action {
         answer.nextPollAfter = after
         verdict.action = .answer(answer)

@@ -1,7 +1,10 @@
-/// A recipe string with placeholders: `{NAME}` (a var or a session step's extracted value), `{cursor}`,
-/// `{next}` (the cursor + 1), `{cursors}` (every stream's cursor, as `recipe.cursor.list` joins them), `{env:NAME}` (or `{env:NAME:-default}`) and `{credential}`. A `{` that does not open a placeholder (not
-/// followed by a letter and a closing `}` with only name characters between) is literal, so inline JSON needs no
-/// escaping.
+import Foundation
+
+/// A recipe string with placeholders: `{NAME}` (a var or a session step's extracted value), `{cursor}`, `{next}` (the
+/// cursor + 1), `{cursors}` (every stream's cursor, as `recipe.cursor.list` joins them), `{env:NAME}` (or
+/// `{env:NAME:-default}`), `{credential}`, `{now}` (Unix milliseconds) and `{nonce}` (random, per request). A `{` that
+/// does not open a placeholder (not followed by a letter and a closing `}` with only name characters between) is
+/// literal, so inline JSON needs no escaping.
 public struct RecipeTemplate: Sendable, Equatable {
   public enum Placeholder: Sendable, Equatable, Hashable {
     case name(String)
@@ -10,6 +13,10 @@ public struct RecipeTemplate: Sendable, Equatable {
     case cursors
     case env(String, default: String? = nil)
     case credential
+    /// The time the request is built, in milliseconds since the Unix epoch.
+    case now
+    /// 16 random hex digits, new for every request (an API that answers identical requests from a cache).
+    case nonce
 
     var spelled: String {
       switch self {
@@ -19,6 +26,8 @@ public struct RecipeTemplate: Sendable, Equatable {
       case .cursors: "{cursors}"
       case .env(let name, let fallback): fallback.map { "{env:\(name):-\($0)}" } ?? "{env:\(name)}"
       case .credential: "{credential}"
+      case .now: "{now}"
+      case .nonce: "{nonce}"
       }
     }
   }
@@ -51,6 +60,12 @@ public struct RecipeTemplate: Sendable, Equatable {
     self.parts = parts
   }
 
+  /// A template that is its text as written, with no placeholder (a query value given as JSON).
+  public init(literal text: String) {
+    source = text
+    parts = text.isEmpty ? [] : [.literal(text)]
+  }
+
   private static func isNameCharacter(_ c: Character) -> Bool {
     c.isASCII && (c.isLetter || c.isNumber || c == "_" || c == "-" || c == ".")
   }
@@ -79,6 +94,8 @@ public struct RecipeTemplate: Sendable, Equatable {
     case "next": return (.next, end)
     case "cursors": return (.cursors, end)
     case "credential": return (.credential, end)
+    case "now": return (.now, end)
+    case "nonce": return (.nonce, end)
     default: return (.name(String(inner)), end)
     }
   }
@@ -163,6 +180,8 @@ struct RecipeScope {
     case .cursors: cursorList.map { RecipeValue(text: $0) }
     case .env(let name, let fallback): (environment[name] ?? fallback).map { RecipeValue(text: $0) }
     case .credential: credential.map { RecipeValue(text: $0) }
+    case .now: RecipeValue(UInt64(max(0, Date().timeIntervalSince1970 * 1000)))
+    case .nonce: RecipeValue(text: String(UInt64.random(in: 1 << 60...UInt64.max), radix: 16))
     }
   }
 

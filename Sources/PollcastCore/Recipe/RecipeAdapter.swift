@@ -159,7 +159,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     return scope
   }
 
-  public func identify(_ client: any UpstreamTransport, isolation: isolated (any Actor)? = #isolation)
+  public func identify(_ client: some UpstreamTransport, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> UpstreamIdentity?
   {
     guard let user = recipe.user else { return nil }
@@ -192,7 +192,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
     return ({ RecipeAnswer.dedupeKey(stored: $0, pointers) }, dedupe.window)
   }
 
-  public func prepare(_ client: any UpstreamTransport, isolation: isolated (any Actor)? = #isolation)
+  public func prepare(_ client: some UpstreamTransport, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError) -> UpstreamPreparation
   {
     if sessionValues == nil { try await runSession(client) }
@@ -227,7 +227,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// The sync step's newest id per stream (nil without one).
   @inline(never)
   private func syncIDs(
-    _ client: any UpstreamTransport, _ streams: [String], isolation: isolated (any Actor)? = #isolation
+    _ client: some UpstreamTransport, _ streams: [String], isolation: isolated (any Actor)? = #isolation
   )
     async throws(UpstreamError) -> [String: UInt64]?
   {
@@ -280,7 +280,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   }
 
   @inline(never)
-  private func runSession(_ client: any UpstreamTransport, isolation: isolated (any Actor)? = #isolation)
+  private func runSession(_ client: some UpstreamTransport, isolation: isolated (any Actor)? = #isolation)
     async throws(UpstreamError)
   {
     sessionValues = nil
@@ -348,7 +348,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
 
   @inline(never)
   public final func poll(
-    _ client: any UpstreamTransport, cursors: [String: UInt64], tokens: [String: String] = [:],
+    _ client: some UpstreamTransport, cursors: [String: UInt64], tokens: [String: String] = [:],
     isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     let plan = try planPoll(cursors: cursors, tokens: tokens)
@@ -402,7 +402,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// only then (every account's cycle task keeps the deepest chain of async frames it ever needed).
   @inline(never)
   private func read(
-    _ plan: PollPlan, _ client: any UpstreamTransport, isolation: isolated (any Actor)? = #isolation
+    _ plan: PollPlan, _ client: some UpstreamTransport, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     switch try readHere(plan) {
     case .answer(let answer):
@@ -449,7 +449,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// `read` for a body decoded off the loop.
   @inline(never)
   private func readApart(
-    _ plan: PollPlan, _ client: any UpstreamTransport, isolation: isolated (any Actor)? = #isolation
+    _ plan: PollPlan, _ client: some UpstreamTransport, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     let response = try plan.response()
     let verdict = await RecipeAnswer.decode(response, weight: storage.readingWeight, interpreter(response, plan))
@@ -461,7 +461,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// The fetch a poll's answer asked for, then what it means.
   @inline(never)
   private func fetchThenFinish(
-    _ client: any UpstreamTransport, _ plan: PollPlan, after: Double?, isolation: isolated (any Actor)? = #isolation
+    _ client: some UpstreamTransport, _ plan: PollPlan, after: Double?, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> UpstreamPollAnswer {
     var (action, keys) = try await fetchAll(client, from: plan.scope)
     if case .answer(var answer) = action, let after {
@@ -509,7 +509,7 @@ public class RecipeAdapter: UpstreamAdapter, @unchecked Sendable {  // loop-conf
   /// pages so far are committed with their last cursor, and the next poll goes on from there: nothing is lost.
   @inline(never)
   private func fetchAll(
-    _ client: any UpstreamTransport, from start: RecipeScope, isolation: isolated (any Actor)? = #isolation
+    _ client: some UpstreamTransport, from start: RecipeScope, isolation: isolated (any Actor)? = #isolation
   ) async throws(UpstreamError) -> (RecipeAnswer.PollAction, [String?]) {
     guard let fetch = recipe.fetch else { throw UpstreamError(.decoding, "recipe.fetch: no fetch step") }
     var current = start

@@ -118,11 +118,11 @@ public protocol UpstreamAdapter: AnyObject, Sendable {
   /// True once a session is established (always true for APIs without one).
   var hasSession: Bool { get }
   /// Establishes a session if there is none, then reads the server's newest ids.
-  func prepare(_ client: any UpstreamTransport, isolation: isolated (any Actor)?) async throws(UpstreamError)
+  func prepare(_ client: some UpstreamTransport, isolation: isolated (any Actor)?) async throws(UpstreamError)
     -> UpstreamPreparation
   /// One long-poll from `cursors` (and, for an API with opaque cursors, `tokens`: its own cursor per stream).
   func poll(
-    _ client: any UpstreamTransport, cursors: [String: UInt64], tokens: [String: String],
+    _ client: some UpstreamTransport, cursors: [String: UInt64], tokens: [String: String],
     isolation: isolated (any Actor)?
   ) async throws(UpstreamError) -> UpstreamPollAnswer
   /// Forgets the session (after a 401), so the next `prepare` starts a new one.
@@ -142,7 +142,7 @@ public protocol UpstreamAdapter: AnyObject, Sendable {
   /// session (kept for the first poll) and returns its user id; one without returns nil, and the account is keyed
   /// by the credential (a refused credential then shows on the first poll). A 401 or 403 means the credential is
   /// refused; any other failure means the upstream could not tell.
-  func identify(_ client: any UpstreamTransport, isolation: isolated (any Actor)?) async throws(UpstreamError)
+  func identify(_ client: some UpstreamTransport, isolation: isolated (any Actor)?) async throws(UpstreamError)
     -> UpstreamIdentity?
 }
 
@@ -159,7 +159,7 @@ extension UpstreamAdapter {
   public var storedKeys: (key: @Sendable (StoredEvent) -> String?, window: Int)? { nil }
 
   // No default for `isolation` here: a call without it would bind statically to this and skip the adapter's own.
-  public func identify(_ client: any UpstreamTransport, isolation: isolated (any Actor)?)
+  public func identify(_ client: some UpstreamTransport, isolation: isolated (any Actor)?)
     async throws(UpstreamError) -> UpstreamIdentity?
   { nil }
 }
